@@ -1,0 +1,75 @@
+# Exact by Construction: `make` builds the site, `make test` runs every test.
+# Everything runs inside .venv, created here from requirements.txt with the machine's python3.
+
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+SITE   := _build/html
+CHAPTERS := $(wildcard book/*.md)
+NOTEBOOKS := $(patsubst book/%.md,book/_notebooks/%.ipynb,$(filter book/ch%,$(CHAPTERS)))
+
+# Jupyter reads and writes its settings inside the venv, never in the user's home.
+export JUPYTER_CONFIG_DIR := $(CURDIR)/$(VENV)/etc/jupyter
+export JUPYTER_DATA_DIR := $(CURDIR)/$(VENV)/share/jupyter
+export JUPYTER_PLATFORM_DIRS := 1
+export PYDEVD_DISABLE_FILE_VALIDATION := 1
+
+.PHONY: all site test figures notebooks lab bench lint clean distclean
+
+all: site
+
+$(BIN)/.installed: requirements.txt pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --disable-pip-version-check -r requirements.txt
+	$(BIN)/pip install --quiet --disable-pip-version-check --no-deps -e .
+	touch $@
+
+$(BIN)/.test-installed: $(BIN)/.installed requirements-test.txt
+	$(BIN)/pip install --quiet --disable-pip-version-check -r requirements-test.txt
+	touch $@
+
+$(BIN)/.lab-installed: $(BIN)/.installed requirements-lab.txt
+	$(BIN)/pip install --quiet --disable-pip-version-check -r requirements-lab.txt
+	mkdir -p $(VENV)/share/jupyter/lab/settings
+	cp scripts/lab-overrides.json $(VENV)/share/jupyter/lab/settings/overrides.json
+	touch $@
+
+## make: execute every chapter (cached) and build the HTML site, warnings as errors
+site: $(BIN)/.installed $(NOTEBOOKS)
+	$(BIN)/jupyter-book build . --warningiserror --nitpick --keep-going
+	@echo "The site is at $(CURDIR)/$(SITE)/index.html"
+
+## make test: unit tests of the core, every chapter executed, and the built site checked
+test: site $(BIN)/.test-installed
+	$(BIN)/python -m pytest
+
+## make figures: every figure of the book as PNG and SVG in figures/, without the site
+figures: $(BIN)/.installed
+	MPLBACKEND=Agg $(BIN)/python scripts/figures.py figures
+
+## make notebooks: .ipynb copies of the chapters in book/_notebooks (git-ignored)
+notebooks: $(NOTEBOOKS)
+
+book/_notebooks/%.ipynb: book/%.md $(BIN)/.installed
+	@mkdir -p $(@D)
+	$(BIN)/jupytext --quiet --to ipynb --output $@ $<
+
+## make lab: JupyterLab on the chapters; double-click a chapter to open it as a notebook
+lab: $(BIN)/.lab-installed
+	$(BIN)/jupyter lab --notebook-dir=book
+
+## make bench: time the literal loops against the vectorised engine
+bench: $(BIN)/.installed
+	$(BIN)/python scripts/bench.py
+
+## make lint: ruff over the core, the scripts and the tests
+lint: $(BIN)/.test-installed
+	$(BIN)/ruff check specdec_core.py scripts tests
+
+## make clean: remove the site, the execution cache, figures and notebooks (keeps .venv)
+clean:
+	rm -rf _build figures book/_notebooks
+
+## make distclean: clean, and remove .venv too
+distclean: clean
+	rm -rf $(VENV)

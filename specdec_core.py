@@ -1,0 +1,978 @@
+"""The shared core of *Exact by Construction*: models, the rejection rule, exact analysis,
+fast Monte Carlo and plots.
+
+Speculative decoding after Leviathan, Kalman & Matias (2023) and Chen et al. (2023), in
+Leviathan's letters: p is the target model, q the draft. The target is a Laplace-smoothed
+character bigram over an 80-character corpus; the draft mixes it with a unigram,
+q_w = w·p + (1 − w)·q0.
+
+Each algorithm appears twice: a literal version that reads like the paper (dictionaries, one
+Python call per token) and a vectorised twin in numpy for the Monte Carlo; tests check that
+the two agree. Exact results use `fractions.Fraction`, computed from the integer counts.
+"""
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from fractions import Fraction
+from numbers import Integral, Real
+from typing import Callable, NamedTuple
+
+import numpy as np
+from scipy import stats
+
+# --------------------------------------------------------------------------------------------
+# The corpus and the two models
+# --------------------------------------------------------------------------------------------
+
+CORPUS = (
+    "to be or not to be that is the question whether tis nobler in the mind "
+    "to suffer"
+)
+VOCAB = sorted(set(CORPUS))  # the 18 tokens the models can emit
+BOS = "^"  # start-of-sequence context, never emitted
+CONTEXTS = [BOS] + VOCAB  # the 19 possible "previous token" values
+V = len(VOCAB)
+TOKEN_INDEX = {tok: i for i, tok in enumerate(VOCAB)}
+CONTEXT_INDEX = {ctx: i for i, ctx in enumerate(CONTEXTS)}
+
+
+def _bigram_counts():
+    """Add-one bigram counts, shape (19, 18): row = previous token (CONTEXTS), column = token."""
+    counts = np.ones((len(CONTEXTS), V), dtype=np.int64)
+    for prev, tok in zip(BOS + CORPUS, CORPUS):
+        counts[CONTEXT_INDEX[prev], TOKEN_INDEX[tok]] += 1
+    return counts
+
+
+def _unigram_counts():
+    """Add-one unigram counts, shape (18,)."""
+    counts = np.ones(V, dtype=np.int64)
+    for tok in CORPUS:
+        counts[TOKEN_INDEX[tok]] += 1
+    return counts
+
+
+BIGRAM_COUNTS = _bigram_counts()  # (19, 18) integers
+UNIGRAM_COUNTS = _unigram_counts()  # (18,) integers
+P_MATRIX = BIGRAM_COUNTS / BIGRAM_COUNTS.sum(axis=1, keepdims=True)  # (19, 18), rows sum to 1
+Q0_VECTOR = UNIGRAM_COUNTS / UNIGRAM_COUNTS.sum()  # (18,)
+P_MATRIX.flags.writeable = False
+Q0_VECTOR.flags.writeable = False
+
+# The article's dictionaries: P_TABLE[ctx][tok] and Q0_TABLE[tok].
+P_TABLE = {ctx: dict(zip(VOCAB, P_MATRIX[i].tolist())) for i, ctx in enumerate(CONTEXTS)}
+Q0_TABLE = dict(zip(VOCAB, Q0_VECTOR.tolist()))
+
+# --------------------------------------------------------------------------------------------
+# Checking arguments: every bad input gets a ValueError that names the argument
+# --------------------------------------------------------------------------------------------
+
+
+def _check_context(ctx, name="ctx"):
+    """Raise unless ctx is one of CONTEXTS."""
+    if not isinstance(ctx, str) or ctx not in CONTEXT_INDEX:
+        raise ValueError(f"{name} must be one of {''.join(CONTEXTS)!r}, got {ctx!r}")
+
+
+def _check_unit_interval(x, name):
+    """Raise unless x is a real number in [0, 1] (NaN is not)."""
+    if isinstance(x, bool) or not isinstance(x, Real) or not 0 <= x <= 1:
+        raise ValueError(f"{name} must be a number in [0, 1], got {x!r}")
+
+
+def _check_count(n, name):
+    """Raise unless n is a non-negative integer."""
+    if isinstance(n, bool) or not isinstance(n, Integral) or n < 0:
+        raise ValueError(f"{name} must be a non-negative integer, got {n!r}")
+
+
+def _check_nonnegative(x, name):
+    """Raise unless x is a finite real number >= 0."""
+    if isinstance(x, bool) or not isinstance(x, Real) or not 0 <= x < float("inf"):
+        raise ValueError(f"{name} must be a finite number >= 0, got {x!r}")
+
+
+def _check_rng(rng):
+    """Raise unless rng is a numpy Generator (seed it: np.random.default_rng(seed))."""
+    if not isinstance(rng, np.random.Generator):
+        raise ValueError(f"rng must be a numpy.random.Generator, got {type(rng).__name__}")
+
+
+def _check_distribution(dist, name="dist"):
+    """Raise unless dist maps tokens to non-negative probabilities that sum to 1."""
+    values = np.array(list(dist.values()), dtype=float) if isinstance(dist, dict) else None
+    if values is None or values.size == 0 or not np.all(np.isfinite(values)):
+        raise ValueError(f"{name} must be a non-empty dict of finite probabilities")
+    if np.any(values < 0) or abs(values.sum() - 1) > 1e-9:
+        raise ValueError(f"{name} must have non-negative probabilities summing to 1")
+
+
+# --------------------------------------------------------------------------------------------
+# The models, the article's way (dictionaries)
+# --------------------------------------------------------------------------------------------
+
+
+def p_dist(ctx):
+    """The target p(· | ctx) as {token: probability}."""
+    _check_context(ctx)
+    return P_TABLE[ctx]
+
+
+def q_dist(ctx, w):
+    """The draft q_w(· | ctx) = w·p(· | ctx) + (1 − w)·q0 as {token: probability}."""
+    _check_context(ctx)
+    _check_unit_interval(w, "w")
+    p = P_TABLE[ctx]
+    return {tok: w * p[tok] + (1 - w) * Q0_TABLE[tok] for tok in VOCAB}
+
+
+def _draw(dist, rng):
+    """Inverse-CDF draw from {token: probability} with one uniform."""
+    r = rng.random()
+    acc = 0.0
+    for tok, prob in dist.items():
+        acc += prob
+        if r < acc:
+            return tok
+    return tok  # r landed in the rounding gap above the last cumulative sum
+
+
+def sample_categorical(dist, rng):
+    """One token drawn from {token: probability}."""
+    _check_distribution(dist)
+    _check_rng(rng)
+    return _draw(dist, rng)
+
+
+def autoregressive_sample(n_tokens, ctx, rng):
+    """n_tokens drawn one at a time from the target chain p, starting after ctx."""
+    _check_count(n_tokens, "n_tokens")
+    _check_context(ctx)
+    _check_rng(rng)
+    out = []
+    for _ in range(n_tokens):
+        ctx = _draw(P_TABLE[ctx], rng)
+        out.append(ctx)
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# The rejection rule, literal version (Leviathan et al., Algorithm 1)
+# --------------------------------------------------------------------------------------------
+
+
+def residual_dist(ctx, w):
+    """norm(max(0, p − q_w)) at ctx; where p = q_w there is nothing to move and we return p."""
+    p, q = p_dist(ctx), q_dist(ctx, w)
+    raw = {tok: max(0.0, p[tok] - q[tok]) for tok in VOCAB}
+    z = sum(raw.values())
+    if z == 0:  # p = q: the rejection probability 1 − Σ min(p, q) is 0, so this is never drawn
+        return dict(p)
+    return {tok: v / z for tok, v in raw.items()}
+
+
+def _check_step_args(ctx, gamma, w, rng):
+    """Raise unless (ctx, gamma, w, rng) are valid arguments of a speculative step."""
+    _check_context(ctx)
+    _check_count(gamma, "gamma")
+    _check_unit_interval(w, "w")
+    _check_rng(rng)
+
+
+def speculative_step(ctx, gamma, w, rng):
+    """One step of Algorithm 1: draft gamma tokens from q_w, keep each with prob min(1, p/q)."""
+    _check_step_args(ctx, gamma, w, rng)
+    draft, q_dists, c = [], [], ctx
+    for _ in range(gamma):  # 1. draft gamma tokens, one at a time, from q
+        q = q_dist(c, w)
+        c = _draw(q, rng)
+        draft.append(c)
+        q_dists.append(q)
+    path = [ctx] + draft  # the context of each of the gamma + 1 positions
+    p_dists = [p_dist(c) for c in path]  # 2. one batched target pass over all of them
+    n = 0
+    for x, p, q in zip(draft, p_dists, q_dists):  # 3. ratio tests, left to right
+        if rng.random() < min(1.0, p[x] / q[x]):  # q(x) <= p(x): always kept
+            n += 1
+        else:
+            break
+    n_tests = min(n + 1, gamma)
+    if n == gamma:  # 5. all kept: a bonus token from p at position gamma + 1
+        last = _draw(p_dists[gamma], rng)
+    else:  # 4. first rejection: draw from the residual at that position
+        last = _draw(residual_dist(path[n], w), rng)
+    return draft[:n] + [last], n, n_tests
+
+
+def speculative_generate(n_tokens, gamma, w, ctx, rng):
+    """Chain speculative steps from ctx until n_tokens are out; one (emitted, accepted, tests) per step."""
+    _check_count(n_tokens, "n_tokens")
+    _check_step_args(ctx, gamma, w, rng)
+    out, steps = [], []
+    while len(out) < n_tokens:
+        tokens, n, n_tests = speculative_step(ctx, gamma, w, rng)
+        steps.append((len(tokens), n, n_tests))
+        out.extend(tokens)
+        ctx = tokens[-1]
+    return out[:n_tokens], steps
+
+
+# --------------------------------------------------------------------------------------------
+# Verifiers as data: the correct rule and deliberately broken ones
+# --------------------------------------------------------------------------------------------
+# Each function works elementwise on numpy arrays, of floats or of Fractions (dtype=object),
+# so the Monte Carlo engine and the exact enumeration run the very same rule.
+
+
+def _ratio(p, q):
+    """min(1, p/q), and 0 where q = 0 (a token the draft cannot produce is rejected)."""
+    positive = q > 0
+    return np.where(positive, np.minimum(1, p / np.where(positive, q, 1)), 0)
+
+
+def _normalise_or(weights, fallback):
+    """weights / Σ weights along the last axis, or fallback where that sum is 0."""
+    z = weights.sum(axis=-1, keepdims=True)
+    positive = z > 0
+    return np.where(positive, weights / np.where(positive, z, 1), fallback)
+
+
+def _residual_weights(p, q):
+    """max(0, p − q): the mass p has and q lacks."""
+    return np.maximum(p - q, 0)
+
+
+def _sharpened(q):
+    """q² renormalised: a draft law at temperature 1/2, not the one the tokens came from."""
+    return _normalise_or(q * q, q)
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A verifier: accept a drafted x with prob accept(p(x), q(x)), else draw from correction(p, q)."""
+
+    name: str
+    accept: Callable = _ratio
+    correction: Callable = _residual_weights
+    seen_q: Callable = field(default=lambda q: q)  # the draft law the verifier believes in
+    shared_uniform: bool = False  # one uniform for all gamma tests of a step
+
+
+EXACT_RULE = Rule("Leviathan et al. (correct)")
+BROKEN_RULES = {
+    "accept all": Rule("accept every draft token", accept=lambda p, q: np.ones_like(p)),
+    "resample from p": Rule("on rejection, resample from p", correction=lambda p, q: p),
+    "wrong q in ratio": Rule("ratio and residual with q sharpened (T = 1/2)", seen_q=_sharpened),
+    "one uniform": Rule("one uniform reused for every position", shared_uniform=True),
+}
+
+
+# --------------------------------------------------------------------------------------------
+# The vectorised verifier: a batch of B drafts of gamma tokens over a vocabulary of size V
+# --------------------------------------------------------------------------------------------
+
+
+def _accepted_count(accept_x, u):
+    """Leading ratio tests passed, (B,), from acceptance probs (B, gamma) and uniforms (B, gamma)."""
+    batch, gamma = accept_x.shape
+    passed = u < accept_x  # (B, gamma): r < min(1, p/q)
+    accepted = np.zeros(batch, dtype=np.int64)
+    alive = np.ones(batch, dtype=bool)
+    for i in range(gamma):  # stop at the first failed test
+        alive &= passed[:, i]
+        accepted += alive
+    return accepted
+
+
+def _test_uniforms(rng, batch, gamma, rule):
+    """The uniforms of the gamma ratio tests, (B, gamma): one per test, or one shared by all."""
+    u = rng.random((batch, 1) if rule.shared_uniform else (batch, gamma))
+    return np.broadcast_to(u, (batch, gamma))
+
+
+def _sample_rows(probs, rng):
+    """One inverse-CDF draw from each row of probs (N, V)."""
+    u = rng.random(len(probs))
+    index = (probs.cumsum(axis=1) < u[:, None]).sum(axis=1)
+    return np.minimum(index, probs.shape[1] - 1)  # u in the rounding gap: the last token
+
+
+def _final_token(p_n, q_n, is_bonus, rng, rule):
+    """The token after the accepted ones: bonus from p, or a draw from the rule's correction."""
+    weights = np.where(is_bonus[:, None], p_n, rule.correction(p_n, q_n))  # (B, V)
+    return _sample_rows(_normalise_or(weights, p_n), rng)
+
+
+def _emitted(draft_tokens, accepted, final):
+    """(B, gamma + 1) tokens: the accepted draft, then the final token, then -1 padding."""
+    batch, gamma = draft_tokens.shape
+    tokens = np.full((batch, gamma + 1), -1, dtype=np.int64)
+    kept = np.arange(gamma) < accepted[:, None]
+    tokens[:, :gamma] = np.where(kept, draft_tokens, -1)
+    tokens[np.arange(batch), accepted] = final
+    return tokens
+
+
+def _check_batch(target_probs, draft_probs, draft_tokens):
+    """Raise unless the three arrays are a well-formed batch of distributions and drafts."""
+    if target_probs.ndim != 3 or draft_probs.ndim != 3 or draft_tokens.ndim != 2:
+        raise ValueError("need target_probs (B, gamma+1, V), draft_probs (B, gamma, V), "
+                         "draft_tokens (B, gamma)")
+    batch, gamma = draft_tokens.shape
+    vocab = target_probs.shape[2]
+    if target_probs.shape != (batch, gamma + 1, vocab) or draft_probs.shape != (batch, gamma, vocab):
+        raise ValueError(f"shapes do not match: target_probs {target_probs.shape}, draft_probs "
+                         f"{draft_probs.shape}, draft_tokens {draft_tokens.shape}")
+    for name, probs in (("target_probs", target_probs), ("draft_probs", draft_probs)):
+        if not np.all(np.isfinite(probs)):
+            raise ValueError(f"{name} contains NaN or inf")
+        if np.any(probs < 0):
+            raise ValueError(f"{name} has negative entries")
+        if np.any(np.abs(probs.sum(axis=-1) - 1) > 1e-6):
+            raise ValueError(f"{name} has rows that do not sum to 1 (tolerance 1e-6)")
+    if not np.issubdtype(draft_tokens.dtype, np.integer):
+        raise ValueError(f"draft_tokens must be integers, got dtype {draft_tokens.dtype}")
+    if draft_tokens.size and (draft_tokens.min() < 0 or draft_tokens.max() >= vocab):
+        raise ValueError(f"draft_tokens must lie in [0, {vocab})")
+
+
+def verify(target_probs, draft_probs, draft_tokens, rng):
+    """Speculative verification of a batch: returns accepted (B,) and tokens (B, gamma + 1)."""
+    target_probs, draft_probs = np.asarray(target_probs), np.asarray(draft_probs)
+    draft_tokens = np.asarray(draft_tokens)
+    _check_batch(target_probs, draft_probs, draft_tokens)
+    _check_rng(rng)
+    return _verify(target_probs, draft_probs, draft_tokens, rng, EXACT_RULE)
+
+
+def _verify(target_probs, draft_probs, draft_tokens, rng, rule):
+    """verify() without the checks, for any Rule."""
+    batch, gamma = draft_tokens.shape
+    rows = np.arange(batch)
+    seen = rule.seen_q(draft_probs)  # (B, gamma, V)
+    p_x = np.take_along_axis(target_probs[:, :gamma], draft_tokens[..., None], axis=2)[..., 0]
+    q_x = np.take_along_axis(seen, draft_tokens[..., None], axis=2)[..., 0]
+    accepted = _accepted_count(rule.accept(p_x, q_x), _test_uniforms(rng, batch, gamma, rule))
+    p_n = target_probs[rows, accepted]  # (B, V): the target where the step ends
+    q_n = seen[rows, np.minimum(accepted, gamma - 1)] if gamma else p_n
+    final = _final_token(p_n, q_n, accepted == gamma, rng, rule)
+    return accepted, _emitted(draft_tokens, accepted, final)
+
+
+# --------------------------------------------------------------------------------------------
+# The batched toy engine: many independent chains of the bigram target at once
+# --------------------------------------------------------------------------------------------
+
+
+def draft_matrix(w):
+    """q_w for every context, (19, 18): w·P + (1 − w)·q0."""
+    _check_unit_interval(w, "w")
+    return w * P_MATRIX + (1 - w) * Q0_VECTOR
+
+
+def _alias_table(probs):
+    """Walker's alias table for one law: column j keeps j w.p. keep[j], else gives alias[j]."""
+    n = len(probs)
+    scaled = (np.asarray(probs, dtype=float) * n).tolist()
+    keep, alias = [1.0] * n, list(range(n))
+    small = [j for j in range(n) if scaled[j] < 1]
+    large = [j for j in range(n) if scaled[j] >= 1]
+    while small and large:  # Vose: pair each under-full column with an over-full one
+        j, big = small.pop(), large.pop()
+        keep[j], alias[j] = scaled[j], big
+        scaled[big] -= 1 - scaled[j]
+        (small if scaled[big] < 1 else large).append(big)
+    return keep, alias
+
+
+class RowSampler:
+    """O(1) draws from the rows of a fixed table (R, V) by the alias method, one uniform each."""
+
+    def __init__(self, table):
+        self.rows, self.vocab = table.shape
+        keep, alias = zip(*map(_alias_table, table))
+        self.keep = np.concatenate(keep)  # (R·V,)
+        self.alias = np.concatenate(alias).astype(np.int64)  # (R·V,)
+
+    def __call__(self, rows, u):
+        """One token from each table row in rows (B,), using the uniforms u (B,)."""
+        scaled = u * self.vocab
+        column = scaled.astype(np.int64)  # uniform column j, then the fraction decides
+        cell = rows * self.vocab + column
+        return np.where(scaled - column < self.keep[cell], column, self.alias[cell])
+
+
+class ToyModels(NamedTuple):
+    """Per-context tables for several draft weights: row m·19 + c is context c under weights[m]."""
+
+    accept: np.ndarray  # (M·19·18,) flat: acceptance prob of token t drafted at row r, [r·18 + t]
+    draft: RowSampler  # draws from q_w
+    final: RowSampler  # rows 0..M·19−1: the rule's correction; then the bonus law p
+
+
+def toy_models(weights, rule=EXACT_RULE):
+    """ToyModels for the draft weights in `weights` under `rule`."""
+    p = np.tile(P_MATRIX, (len(weights), 1))
+    q = np.concatenate([draft_matrix(w) for w in weights])
+    seen = rule.seen_q(q)
+    correction = _normalise_or(rule.correction(p, seen), p)
+    accept = rule.accept(p, seen).ravel()
+    return ToyModels(accept, RowSampler(q), RowSampler(np.concatenate([correction, p])))
+
+
+def toy_step(rows, gamma, models, rng, rule=EXACT_RULE):
+    """One speculative step per chain at table row `rows` (B,): (accepted, draft (B, gamma), final)."""
+    batch = len(rows)
+    u = rng.random((batch, gamma + 1))  # one uniform per draft, one for the final draw
+    block = rows - rows % len(CONTEXTS)  # first row of each chain's model
+    path = np.empty((batch, gamma + 1), dtype=np.int64)  # table row at each position
+    path[:, 0] = rows
+    for i in range(gamma):  # draft gamma tokens: token t is context row t + 1
+        path[:, i + 1] = block + 1 + models.draft(path[:, i], u[:, i])
+    draft = path[:, 1:] - block[:, None] - 1  # (B, gamma) token ids
+    accept_x = models.accept[path[:, :-1] * V + draft]  # (B, gamma)
+    accepted = _accepted_count(accept_x, _test_uniforms(rng, batch, gamma, rule))
+    end = path[np.arange(batch), accepted]  # row where the step ends
+    final = models.final(end + models.draft.rows * (accepted == gamma), u[:, gamma])
+    return accepted, draft, final
+
+
+def sample_tokens(n_draws, ctx, rng):
+    """n_draws independent tokens from p(· | ctx), vectorised; token ids (n_draws,)."""
+    _check_count(n_draws, "n_draws")
+    _check_context(ctx)
+    _check_rng(rng)
+    return RowSampler(P_MATRIX)(np.full(n_draws, CONTEXT_INDEX[ctx]), rng.random(n_draws))
+
+
+def simulate_prefixes(n_runs, k, gamma, w, ctx, rng, rule=EXACT_RULE):
+    """First k tokens of n_runs independent speculative generations from ctx, (n_runs, k)."""
+    _check_count(n_runs, "n_runs")
+    _check_count(k, "k")
+    _check_step_args(ctx, gamma, w, rng)
+    models = toy_models([w], rule)
+    out = np.full((n_runs, k), -1, dtype=np.int64)
+    filled = np.zeros(n_runs, dtype=np.int64)
+    rows = np.full(n_runs, CONTEXT_INDEX[ctx])
+    active = np.arange(n_runs) if k else np.arange(0)
+    while active.size:
+        accepted, draft, final = toy_step(rows[active], gamma, models, rng, rule)
+        start = filled[active]
+        for j in range(min(gamma, k)):  # copy the kept drafts into their slots, up to k
+            ok = (j < accepted) & (start + j < k)
+            out[active[ok], start[ok] + j] = draft[ok, j]
+        ok = start + accepted < k
+        out[active[ok], start[ok] + accepted[ok]] = final[ok]
+        rows[active] = final + 1
+        filled[active] += accepted + 1
+        active = active[filled[active] < k]
+    return out
+
+
+class RunTotals(NamedTuple):
+    """Totals over speculative steps: how many steps, tokens, accepted drafts and ratio tests."""
+
+    steps: int
+    tokens: int
+    accepted: int
+    tests: int
+
+    @property
+    def tokens_per_step(self):
+        """Mean tokens per target call."""
+        return self.tokens / self.steps
+
+    @property
+    def acceptance_rate(self):
+        """Accepted drafts per ratio test."""
+        return self.accepted / self.tests if self.tests else 1.0
+
+
+def steps_totals(steps):
+    """RunTotals of the literal speculative_generate's step records."""
+    emitted, accepted, tests = (sum(col) for col in zip(*steps)) if steps else (0, 0, 0)
+    return RunTotals(len(steps), emitted, accepted, tests)
+
+
+def simulate_generation(n_chains, n_tokens, gamma, weights, rng, rule=EXACT_RULE):
+    """{w: RunTotals} of n_chains chains from BOS per w, each stepped until it has n_tokens."""
+    _check_count(n_chains, "n_chains")
+    _check_count(n_tokens, "n_tokens")
+    for w in weights:
+        _check_step_args(BOS, gamma, w, rng)
+    models = toy_models(weights, rule)
+    model = np.repeat(np.arange(len(weights)), n_chains)  # (M·n_chains,) each chain's w
+    block = model * len(CONTEXTS)
+    rows = block.copy()  # every chain starts at BOS
+    tokens, steps, full_steps = (np.zeros(len(rows), dtype=np.int64) for _ in range(3))
+    active = np.arange(len(rows)) if n_tokens else np.arange(0)
+    while active.size:
+        accepted, _, final = toy_step(rows[active], gamma, models, rng, rule)
+        rows[active] = block[active] + 1 + final
+        tokens[active] += accepted + 1
+        steps[active] += 1
+        full_steps[active] += accepted == gamma  # no failed test in that step
+        active = active[tokens[active] < n_tokens]
+    per_model = [np.bincount(model, weights=x, minlength=len(weights)).astype(np.int64)
+                 for x in (steps, tokens, tokens - steps, tokens - full_steps)]
+    return {w: RunTotals(*map(int, column)) for w, column in zip(weights, zip(*per_model))}
+
+
+# --------------------------------------------------------------------------------------------
+# Exact analysis: every path enumerated, in Fractions from the integer counts
+# --------------------------------------------------------------------------------------------
+
+P_FRACTIONS = np.array(
+    [[Fraction(int(c), int(row.sum())) for c in row] for row in BIGRAM_COUNTS], dtype=object
+)  # (19, 18)
+Q0_FRACTIONS = np.array(
+    [Fraction(int(c), int(UNIGRAM_COUNTS.sum())) for c in UNIGRAM_COUNTS], dtype=object
+)  # (18,)
+
+
+def as_fraction(x):
+    """x as a Fraction; a float is read as its shortest decimal (0.3 -> 3/10)."""
+    return x if isinstance(x, (Fraction, Integral)) else Fraction(repr(float(x)))
+
+
+def model_matrices(w, exact=True):
+    """(P, Q_w), both (19, 18): Fractions when exact, else floats."""
+    _check_unit_interval(w, "w")
+    if not exact:
+        return P_MATRIX, draft_matrix(w)
+    w = as_fraction(w)
+    return P_FRACTIONS, w * P_FRACTIONS + (1 - w) * Q0_FRACTIONS
+
+
+def target_joint(k, ctx=BOS, exact=True):
+    """The target chain's law of its next k tokens after ctx: {k-character string: probability}."""
+    _check_count(k, "k")
+    _check_context(ctx)
+    p, _ = model_matrices(0, exact)
+    law = {"": Fraction(1) if exact else 1.0}
+    for _ in range(k):
+        law = {s + tok: mass * p[CONTEXT_INDEX[s[-1:] or ctx], t]
+               for s, mass in law.items() for t, tok in enumerate(VOCAB)}
+    return law
+
+
+def speculative_law(k, gamma, w, ctx=BOS, rule=EXACT_RULE, exact=True):
+    """Law of the first k tokens of speculative generation from ctx, every draft path enumerated."""
+    _check_count(k, "k")
+    _check_step_args(ctx, gamma, w, np.random.default_rng(0))
+    p, q = model_matrices(w, exact)
+    seen = rule.seen_q(q)
+    accept = rule.accept(p, seen)  # (19, 18): acceptance prob of each draft token in each context
+    correction = _normalise_or(rule.correction(p, seen), p)  # (19, 18)
+    law = defaultdict(int)
+
+    def new_step(prefix, c, mass):
+        """Start a speculative step at context row c with `prefix` already emitted."""
+        if len(prefix) == k:
+            law[prefix] += mass
+        else:
+            draft_walk(prefix, c, 0, mass, 1)
+
+    def draft_walk(prefix, c, depth, draft_mass, passed):
+        """Extend an accepted draft; passed = P(the uniform(s) passed every test so far)."""
+        if len(prefix) == k:
+            law[prefix] += draft_mass * passed
+            return
+        if depth == gamma:  # all drafts kept: bonus token from p
+            for t, tok in enumerate(VOCAB):
+                new_step(prefix + tok, t + 1, draft_mass * passed * p[c, t])
+            return
+        rejected = 0
+        for y, tok in enumerate(VOCAB):  # draft y, then test it
+            kept = min(passed, accept[c, y]) if rule.shared_uniform else passed * accept[c, y]
+            rejected += q[c, y] * (passed - kept)
+            draft_walk(prefix + tok, y + 1, depth + 1, draft_mass * q[c, y], kept)
+        for t, tok in enumerate(VOCAB):  # first rejection: draw the correction
+            new_step(prefix + tok, t + 1, draft_mass * rejected * correction[c, t])
+
+    new_step("", CONTEXT_INDEX[ctx], Fraction(1) if exact else 1.0)
+    return dict(law)
+
+
+def law_difference(law, reference):
+    """Largest |law − reference| over the union of their outcomes."""
+    keys = set(law) | set(reference)
+    return max(abs(law.get(s, 0) - reference.get(s, 0)) for s in keys)
+
+
+def two_path_identity(w, exact=True):
+    """min(p, q) + max(0, p − q) − p for every context and token, (19, 18): zero by the theorem."""
+    p, q = model_matrices(w, exact)
+    return np.minimum(p, q) + _residual_weights(p, q) - p
+
+
+# --------------------------------------------------------------------------------------------
+# Statistics: how far a sample is from a law, and how far noise alone would put it
+# --------------------------------------------------------------------------------------------
+
+
+class Comparison(NamedTuple):
+    """Observed counts of outcomes beside their exact probabilities."""
+
+    labels: list
+    exact: np.ndarray  # (K,) probabilities
+    counts: np.ndarray  # (K,) observed counts
+
+    @property
+    def n(self):
+        """Number of draws."""
+        return int(self.counts.sum())
+
+    @property
+    def empirical(self):
+        """Observed frequencies."""
+        return self.counts / self.n
+
+    @property
+    def max_gap(self):
+        """max |p̂ − p|."""
+        return float(np.abs(self.empirical - self.exact).max())
+
+    @property
+    def tv(self):
+        """Total variation ½·Σ|p̂ − p|."""
+        return total_variation(self.empirical, self.exact)
+
+    @property
+    def p_value(self):
+        """Chi-square goodness-of-fit p-value of the counts against the exact law."""
+        return chi_square_p_value(self.counts, self.exact)
+
+
+def total_variation(a, b):
+    """½·Σ|a − b|."""
+    return 0.5 * float(np.abs(np.asarray(a, float) - np.asarray(b, float)).sum())
+
+
+def chi_square_p_value(counts, probs):
+    """p-value of Pearson's chi-square test of counts against probs (scipy)."""
+    counts, probs = np.asarray(counts, float), np.asarray(probs, float)
+    if counts.shape != probs.shape or abs(probs.sum() - 1) > 1e-9:
+        raise ValueError("counts and probs must have one shape and probs must sum to 1")
+    return float(stats.chisquare(counts, probs * counts.sum()).pvalue)
+
+
+def compare(tokens, law):
+    """Comparison of sampled token rows (N, k) against {k-string: probability}."""
+    labels = sorted(law)
+    exact = np.array([float(law[s]) for s in labels])
+    k = tokens.shape[1]
+    codes = np.zeros(len(tokens), dtype=np.int64)
+    for column in tokens.T:  # each row read as a base-V number
+        codes = codes * V + column
+    counts = np.bincount(codes, minlength=V ** k)
+    order = [sum(TOKEN_INDEX[ch] * V ** (k - 1 - i) for i, ch in enumerate(s)) for s in labels]
+    return Comparison(labels, exact, counts[order])
+
+
+def noise_reference(probs, n, rng, reps=2000):
+    """Mean and 95th percentile of max-gap and TV for n exact draws from probs (multinomial)."""
+    probs = np.asarray(probs, float)
+    freq = rng.multinomial(n, probs, size=reps) / n  # (reps, K)
+    gap = np.abs(freq - probs)
+    max_gap, tv = gap.max(axis=1), 0.5 * gap.sum(axis=1)
+    return {"mean_max_gap": float(max_gap.mean()), "q95_max_gap": float(np.quantile(max_gap, 0.95)),
+            "mean_tv": float(tv.mean()), "q95_tv": float(np.quantile(tv, 0.95))}
+
+
+def law_tv(law, reference):
+    """Total variation ½·Σ|law − reference| between two laws over strings."""
+    keys = set(law) | set(reference)
+    return sum(abs(law.get(s, 0) - reference.get(s, 0)) for s in keys) / 2
+
+
+# --------------------------------------------------------------------------------------------
+# What draft quality buys: acceptance, tokens per call, walltime (Leviathan et al., Section 3)
+# --------------------------------------------------------------------------------------------
+
+
+def beta_exact(ctx, w):
+    """β(ctx) = Σ_x min(p(x | ctx), q_w(x | ctx)): the chance a draft token survives at ctx."""
+    p, q = p_dist(ctx), q_dist(ctx, w)
+    return sum(min(p[t], q[t]) for t in VOCAB)
+
+
+def _stationary(transition, tol=1e-15, max_iter=10_000):
+    """Stationary law of a row-stochastic matrix by power iteration: π ← π·T until it stops moving."""
+    pi = np.full(len(transition), 1 / len(transition))
+    for _ in range(max_iter):
+        new = pi @ transition
+        if np.abs(new - pi).max() < tol:
+            return new / new.sum()
+        pi = new
+    raise RuntimeError("power iteration did not converge")
+
+
+TOKEN_TRANSITION = P_MATRIX[1:]  # (18, 18): p(next token | previous token), BOS dropped
+PI_P_VECTOR = _stationary(TOKEN_TRANSITION)  # (18,)
+PI_P = dict(zip(VOCAB, PI_P_VECTOR.tolist()))  # the target chain's long-run context law
+
+
+def alpha_exact(w):
+    """α(w) = Σ_ctx π_p(ctx)·β(ctx, w): the long-run acceptance probability."""
+    return sum(PI_P[ctx] * beta_exact(ctx, w) for ctx in VOCAB)
+
+
+def expected_tokens(alpha, gamma):
+    """Eq. (1): E[tokens per step] = (1 − α^(γ+1)) / (1 − α), and γ + 1 at α = 1."""
+    _check_unit_interval(alpha, "alpha")
+    _check_count(gamma, "gamma")
+    if alpha == 1:
+        return gamma + 1.0
+    return (1 - alpha ** (gamma + 1)) / (1 - alpha)
+
+
+def walltime_speedup(alpha, gamma, c):
+    """Theorem 3.8: (1 − α^(γ+1)) / ((1 − α)(γc + 1))."""
+    _check_nonnegative(c, "c")
+    return expected_tokens(alpha, gamma) / (gamma * c + 1)
+
+
+def operations_increase(alpha, gamma, c_hat):
+    """Theorem 3.11: (1 − α)(γĉ + γ + 1) / (1 − α^(γ+1))."""
+    _check_nonnegative(c_hat, "c_hat")
+    return (gamma * c_hat + gamma + 1) / expected_tokens(alpha, gamma)
+
+
+def optimal_gamma(alpha, c, max_gamma=30):
+    """The γ in 0..max_gamma that maximises Theorem 3.8 (0: do not speculate)."""
+    _check_count(max_gamma, "max_gamma")
+    speedups = [walltime_speedup(alpha, g, c) for g in range(max_gamma + 1)]
+    return int(np.argmax(speedups))
+
+
+class ChainStats(NamedTuple):
+    """Exact long-run per-step averages of the speculative chain."""
+
+    tokens_per_step: float
+    accepted_per_step: float
+    tests_per_step: float
+
+    @property
+    def acceptance_rate(self):
+        """Accepted drafts per ratio test."""
+        return self.accepted_per_step / self.tests_per_step if self.tests_per_step else 1.0
+
+
+def chain_stats(w, gamma):
+    """Exact long-run ChainStats, from the Markov chain of each step's last token."""
+    _check_unit_interval(w, "w")
+    _check_count(gamma, "gamma")
+    p, q = P_MATRIX[1:], draft_matrix(w)[1:]  # (18, 18): contexts are tokens after the first step
+    keep = np.minimum(p, q)  # kept-draft kernel: token -> next token
+    reject = 1 - keep.sum(axis=1)  # (18,) 1 − β
+    residual = _normalise_or(_residual_weights(p, q), p)
+    reach = np.eye(V)  # reach[c, d]: P(from c, the first n drafts are kept and the n-th is d)
+    kernel = np.zeros((V, V))
+    tests = np.zeros(V)
+    accepted = np.zeros(V)
+    for _ in range(gamma):
+        tests += reach.sum(axis=1)
+        kernel += (reach * reject) @ residual
+        reach = reach @ keep
+        accepted += reach.sum(axis=1)
+    kernel += reach @ p  # all gamma kept: bonus from p
+    pi = _stationary(kernel)
+    return ChainStats(float(pi @ accepted) + 1, float(pi @ accepted), float(pi @ tests))
+
+
+# --------------------------------------------------------------------------------------------
+# The book's experiments: each seeded, so two builds give the same numbers
+# --------------------------------------------------------------------------------------------
+
+N_DRAWS = 200_000
+SEEDS = {"sampling": 11, "one_token": 12, "joint": 13, "sweep": 14, "noise": 15}
+SWEEP_WEIGHTS = [round(0.1 * i, 1) for i in range(11)]
+
+
+def sampling_check(ctx="t", n_draws=N_DRAWS, seed=SEEDS["sampling"]):
+    """Comparison of n_draws vectorised draws from p(· | ctx) against p."""
+    tokens = sample_tokens(n_draws, ctx, np.random.default_rng(seed))
+    return compare(tokens[:, None], target_joint(1, ctx, exact=False))
+
+
+def one_token_check(rule=EXACT_RULE, n_draws=N_DRAWS, seed=SEEDS["one_token"]):
+    """Comparison of the first token of gamma = 1 steps from 't' at w = 0.3 against p(· | t)."""
+    tokens = simulate_prefixes(n_draws, 1, 1, 0.3, "t", np.random.default_rng(seed), rule)
+    return compare(tokens, target_joint(1, "t", exact=False))
+
+
+def joint_check(rule=EXACT_RULE, n_draws=N_DRAWS, seed=SEEDS["joint"]):
+    """Comparison of the first two tokens from BOS (gamma = 2, w = 0.3) against the target joint."""
+    tokens = simulate_prefixes(n_draws, 2, 2, 0.3, BOS, np.random.default_rng(seed), rule)
+    return compare(tokens, target_joint(2, BOS, exact=False))
+
+
+def acceptance_sweep(gamma=4, n_tokens=N_DRAWS, n_chains=200, seed=SEEDS["sweep"]):
+    """{w: RunTotals} for w in SWEEP_WEIGHTS, each of n_tokens over n_chains chains from BOS."""
+    per_chain = -(-n_tokens // n_chains)  # ceil: at least n_tokens in all
+    rng = np.random.default_rng(seed)
+    return simulate_generation(n_chains, per_chain, gamma, SWEEP_WEIGHTS, rng)
+
+
+# What the article reports, for side-by-side tables (its own random streams, so only the size of
+# a noise-driven number is comparable, not its digits).
+ARTICLE = {
+    "sampling_max_gap": 0.00076, "one_token_max_gap": 0.00146, "joint_tv": 0.01523,
+    "alpha_w0": 0.726, "tokens_w0": 2.92, "tokens_w1": 5.0, "tokens_w09": 4.7336,
+    "speedup_w09_c010": 3.381, "speedup_w09_c025": 2.367,
+    "speedup_w0_c010": 2.080, "speedup_w0_c025": 1.456,
+}
+
+# Measured α of real draft/target pairs, Leviathan et al. Table 3 (temperature 0, temperature 1).
+REAL_PAIR_ALPHAS = [
+    ("GPT-like 97M", "unigram", 0.03, 0.03), ("GPT-like 97M", "bigram", 0.05, 0.05),
+    ("GPT-like 97M", "GPT-like 6M", 0.88, 0.89),
+    ("T5-XXL EnDe", "unigram", 0.08, 0.07), ("T5-XXL EnDe", "bigram", 0.20, 0.19),
+    ("T5-XXL EnDe", "T5-small", 0.75, 0.62), ("T5-XXL EnDe", "T5-base", 0.80, 0.68),
+    ("T5-XXL EnDe", "T5-large", 0.82, 0.71),
+    ("T5-XXL CNNDM", "unigram", 0.13, 0.08), ("T5-XXL CNNDM", "bigram", 0.23, 0.16),
+    ("T5-XXL CNNDM", "T5-small", 0.65, 0.53), ("T5-XXL CNNDM", "T5-base", 0.73, 0.55),
+    ("T5-XXL CNNDM", "T5-large", 0.74, 0.56),
+    ("LaMDA 137B", "LaMDA 100M", 0.61, 0.57), ("LaMDA 137B", "LaMDA 2B", 0.71, 0.71),
+    ("LaMDA 137B", "LaMDA 8B", 0.75, 0.74),
+]
+
+# Leviathan et al. Table 1 (c = ĉ = 0): the (α, γ) rows.
+TABLE1_ROWS = [(0.6, 2), (0.7, 3), (0.8, 2), (0.8, 5), (0.9, 2), (0.9, 10)]
+
+
+# --------------------------------------------------------------------------------------------
+# Figures: one look for the whole book
+# --------------------------------------------------------------------------------------------
+
+OKABE_ITO = ["#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#F0E442", "#000000"]
+BOOK_STYLE = {
+    "figure.figsize": (7.5, 3.6), "figure.dpi": 110, "savefig.dpi": 150,
+    "savefig.bbox": "tight", "font.size": 10, "axes.titlesize": 11, "axes.labelsize": 10,
+    "axes.spines.top": False, "axes.spines.right": False, "axes.grid": True,
+    "grid.alpha": 0.3, "legend.frameon": False, "svg.hashsalt": "exact-by-construction",
+    "axes.prop_cycle": __import__("cycler").cycler(color=OKABE_ITO),
+}
+
+
+def show_token(tok):
+    """A token as printed in figures and tables: the space as '␣'."""
+    return "␣" if tok == " " else tok
+
+
+def _new_figure(ncols=1, **kwargs):
+    """A figure in the book's style."""
+    import matplotlib.pyplot as plt
+
+    plt.rcParams.update(BOOK_STYLE)
+    return plt.subplots(1, ncols, **kwargs)
+
+
+def _token_axis(ax, labels=VOCAB, axis="x"):
+    """Label an axis with the tokens, space shown as '␣'."""
+    ticks, names = range(len(labels)), [show_token(t) for t in labels]
+    (ax.set_xticks if axis == "x" else ax.set_yticks)(ticks, names)
+
+
+def _legend_on_top(ax, ncol=2):
+    """A legend in head room added above the data."""
+    ax.set_ylim(top=ax.get_ylim()[1] * 1.3)
+    ax.legend(ncol=ncol, loc="upper right")
+
+
+def plot_target_heatmap():
+    """Heatmap of the 19 × 18 target probabilities p(x | ctx)."""
+    fig, ax = _new_figure(figsize=(7.5, 6.4))
+    image = ax.imshow(P_MATRIX, cmap="viridis")
+    for (i, j), prob in np.ndenumerate(P_MATRIX):
+        ax.text(j, i, f"{prob:.2f}"[1:], ha="center", va="center", fontsize=6.5,
+                color="white" if prob < 0.5 * P_MATRIX.max() else "black")
+    _token_axis(ax)
+    _token_axis(ax, CONTEXTS, axis="y")
+    ax.grid(False)
+    ax.set(xlabel="next token x", ylabel="previous token (context)", title="Target p(x | context)")
+    fig.colorbar(image, ax=ax, shrink=0.8, label="probability")
+    return fig
+
+
+def plot_draft_mixture(ctx="t", weights=(0.0, 0.3, 0.7, 1.0)):
+    """Bars of q_w(· | ctx) for several w, from the unigram (w = 0) to the target (w = 1)."""
+    fig, ax = _new_figure()
+    x, width = np.arange(V), 0.8 / len(weights)
+    for i, w in enumerate(weights):
+        label = f"w = {w:g}" + {0.0: " (unigram q0)", 1.0: " (target p)"}.get(w, "")
+        ax.bar(x + (i - (len(weights) - 1) / 2) * width, draft_matrix(w)[CONTEXT_INDEX[ctx]],
+               width, label=label)
+    _token_axis(ax)
+    ax.set(xlabel="token x", ylabel=f"q_w(x | {show_token(ctx)})",
+           title=f"The draft after context '{show_token(ctx)}' as w moves from 0 to 1")
+    _legend_on_top(ax)
+    return fig
+
+
+def plot_comparison(comparison, title):
+    """Empirical frequencies as bars, exact probabilities as markers."""
+    fig, ax = _new_figure()
+    x = np.arange(len(comparison.labels))
+    ax.bar(x, comparison.empirical, color=OKABE_ITO[5], label=f"empirical ({comparison.n:,} draws)")
+    ax.plot(x, comparison.exact, "D", color=OKABE_ITO[3], markersize=5, label="exact p")
+    ax.set_xticks(x, [show_token(s) for s in comparison.labels])
+    ax.set(xlabel="token x", ylabel="probability", title=title)
+    ax.legend()
+    return fig
+
+
+def plot_two_paths(ctx="t", w=0.3):
+    """Per token: min(p, q) kept directly plus max(0, p − q) from the residual, against p and q."""
+    p, q = P_MATRIX[CONTEXT_INDEX[ctx]], draft_matrix(w)[CONTEXT_INDEX[ctx]]
+    kept, moved = np.minimum(p, q), _residual_weights(p, q)
+    fig, ax = _new_figure()
+    x = np.arange(V)
+    ax.bar(x, kept, color=OKABE_ITO[0], label="min(p, q): drafted and kept")
+    ax.bar(x, moved, bottom=kept, color=OKABE_ITO[1], label="max(0, p − q): via the residual")
+    ax.plot(x, p, "_", color="black", markersize=16, markeredgewidth=2, label="p (target)")
+    ax.plot(x, q, "o", color=OKABE_ITO[4], markersize=4, label="q (draft)")
+    _token_axis(ax)
+    ax.set(xlabel="token x", ylabel="probability",
+           title=f"Two paths to each token after '{show_token(ctx)}' (w = {w:g})")
+    _legend_on_top(ax)
+    return fig
+
+
+def plot_joint_difference(comparison):
+    """Heatmap of empirical minus exact over the 18 × 18 two-token outcomes."""
+    diff = (comparison.empirical - comparison.exact).reshape(V, V)
+    limit = np.abs(diff).max()
+    fig, ax = _new_figure(figsize=(6.4, 5.4))
+    image = ax.imshow(diff, cmap="RdBu_r", vmin=-limit, vmax=limit)
+    _token_axis(ax)
+    _token_axis(ax, axis="y")
+    ax.grid(False)
+    ax.set(xlabel="second token x₂", ylabel="first token x₁",
+           title="Empirical − exact joint, first two tokens from BOS")
+    fig.colorbar(image, ax=ax, shrink=0.8, label="difference in probability")
+    return fig
+
+
+def plot_controls(rows, noise_q95):
+    """Total variation of each verifier's 200,000-draw sample, against the 95 % noise level."""
+    fig, ax = _new_figure()
+    names = [r["verifier"] for r in rows]
+    tvs = [r["sampled TV"] for r in rows]
+    colours = [OKABE_ITO[2] if r["passes"] else OKABE_ITO[3] for r in rows]
+    ax.barh(names, tvs, color=colours)
+    ax.axvline(noise_q95, color="black", linestyle="--", label="95th percentile of TV from noise alone")
+    ax.invert_yaxis()
+    ax.set(xscale="log", xlabel="total variation to the target joint (log scale)",
+           title="The same test on the correct rule and on four broken ones")
+    ax.legend(loc="lower right")
+    return fig
+
+
+# Every figure of the book, by name: `make figures` writes each one to figures/.
+FIGURES = {
+    "ch1-target-heatmap": plot_target_heatmap,
+    "ch1-draft-mixture": plot_draft_mixture,
+    "ch1-sampling-check": lambda: plot_comparison(sampling_check(), "200,000 draws after context 't'"),
+}
