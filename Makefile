@@ -34,8 +34,14 @@ $(BIN)/.lab-installed: $(BIN)/.installed requirements-lab.txt
 	cp scripts/lab-overrides.json $(VENV)/share/jupyter/lab/settings/overrides.json
 	touch $@
 
+# The execution cache keys on a chapter's own code only: drop it whenever the core changes.
+_build/.core-stamp: specdec_core.py
+	rm -rf _build/.jupyter_cache
+	@mkdir -p $(@D)
+	touch $@
+
 ## make: execute every chapter (cached) and build the HTML site, warnings as errors
-site: $(BIN)/.installed $(NOTEBOOKS)
+site: $(BIN)/.installed $(NOTEBOOKS) _build/.core-stamp
 	$(BIN)/jupyter-book build . --warningiserror --nitpick --keep-going
 	@echo "The site is at $(CURDIR)/$(SITE)/index.html"
 
