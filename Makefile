@@ -42,7 +42,7 @@ _build/.core-stamp: specdec_core.py
 
 ## make: execute every chapter (cached) and build the HTML site, warnings as errors
 site: $(BIN)/.installed $(NOTEBOOKS) _build/.core-stamp
-	$(BIN)/jupyter-book build . --warningiserror --nitpick --keep-going
+	SPECDEC_STATIC_SITE=1 $(BIN)/jupyter-book build . --warningiserror --nitpick --keep-going
 	@echo "The site is at $(CURDIR)/$(SITE)/index.html"
 
 ## make test: unit tests of the core, every chapter executed, and the built site checked

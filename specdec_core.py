@@ -727,13 +727,39 @@ def alpha_exact(w):
     return sum(PI_P[ctx] * beta_exact(ctx, w) for ctx in VOCAB)
 
 
+def beta_vector(w, exact=True):
+    """β(ctx, w) = Σ_x min(p, q_w) for every context, (19,): Fractions when exact."""
+    p, q = model_matrices(w, exact)
+    return np.minimum(p, q).sum(axis=1)
+
+
+def stationary_exact():
+    """π_p in Fractions: solve π·(T − I) = 0 with Σπ = 1 by Gaussian elimination."""
+    n = V
+    # rows: the n balance equations with the last replaced by Σπ = 1; augmented column last
+    system = [[P_FRACTIONS[1 + j, i] - (i == j) for j in range(n)] + [Fraction(0)] for i in range(n)]
+    system[-1] = [Fraction(1)] * n + [Fraction(1)]
+    for col in range(n):
+        pivot = next(r for r in range(col, n) if system[r][col] != 0)
+        system[col], system[pivot] = system[pivot], system[col]
+        system[col] = [v / system[col][col] for v in system[col]]
+        for r in range(n):
+            if r != col and system[r][col] != 0:
+                factor = system[r][col]
+                system[r] = [a - factor * b for a, b in zip(system[r], system[col])]
+    return np.array([row[-1] for row in system], dtype=object)
+
+
+def alpha_fraction(w):
+    """α(w) in exact rational arithmetic: π_p (Fractions) · β(·, w) (Fractions)."""
+    return stationary_exact() @ beta_vector(w)[1:]
+
+
 def expected_tokens(alpha, gamma):
-    """Eq. (1): E[tokens per step] = (1 − α^(γ+1)) / (1 − α), and γ + 1 at α = 1."""
+    """Eq. (1): E[tokens per step] = (1 − α^(γ+1)) / (1 − α) = Σ_{i=0..γ} α^i, and γ + 1 at α = 1."""
     _check_unit_interval(alpha, "alpha")
     _check_count(gamma, "gamma")
-    if alpha == 1:
-        return gamma + 1.0
-    return (1 - alpha ** (gamma + 1)) / (1 - alpha)
+    return sum(alpha ** i for i in range(gamma + 1)) * 1.0  # the sum form is stable near α = 1
 
 
 def walltime_speedup(alpha, gamma, c):
@@ -749,7 +775,7 @@ def operations_increase(alpha, gamma, c_hat):
 
 
 def optimal_gamma(alpha, c, max_gamma=30):
-    """The γ in 0..max_gamma that maximises Theorem 3.8 (0: do not speculate)."""
+    """The γ in 0..max_gamma that maximises Theorem 3.8 (0: do not speculate); ties go to the smaller."""
     _check_count(max_gamma, "max_gamma")
     speedups = [walltime_speedup(alpha, g, c) for g in range(max_gamma + 1)]
     return int(np.argmax(speedups))
@@ -824,6 +850,20 @@ def acceptance_sweep(gamma=4, n_tokens=N_DRAWS, n_chains=200, seed=SEEDS["sweep"
     return simulate_generation(n_chains, per_chain, gamma, SWEEP_WEIGHTS, rng)
 
 
+def control_rows(alpha=1e-3):
+    """For the correct rule and each broken one: the sampled joint test and the exact error."""
+    target = target_joint(2, BOS)
+    rows = []
+    for name, rule in [("correct rule", EXACT_RULE), *BROKEN_RULES.items()]:
+        sampled = joint_check(rule)
+        law = speculative_law(2, 2, Fraction(3, 10), BOS, rule=rule)
+        rows.append({"verifier": name, "sampled TV": sampled.tv,
+                     "log10 chi-square p": sampled.log10_p_value, "passes": sampled.p_value > alpha,
+                     "exact TV": float(law_tv(law, target)),
+                     "exact max |Δ|": float(law_difference(law, target))})
+    return rows
+
+
 # What the article reports, for side-by-side tables (its own random streams, so only the size of
 # a noise-driven number is comparable, not its digits).
 ARTICLE = {
@@ -847,8 +887,24 @@ REAL_PAIR_ALPHAS = [
     ("LaMDA 137B", "LaMDA 8B", 0.75, 0.74),
 ]
 
-# Leviathan et al. Table 1 (c = ĉ = 0): the (α, γ) rows.
-TABLE1_ROWS = [(0.6, 2), (0.7, 3), (0.8, 2), (0.8, 5), (0.9, 2), (0.9, 10)]
+# Leviathan et al. Table 1 (c = ĉ = 0): (α, γ) -> (increase in operations, speed) as printed.
+TABLE1 = {(0.6, 2): (1.53, 1.96), (0.7, 3): (1.58, 2.53), (0.8, 2): (1.23, 2.44),
+          (0.8, 5): (1.63, 3.69), (0.9, 2): (1.11, 2.71), (0.9, 10): (1.60, 6.86)}
+
+# Speedups other systems report for themselves (each cited in chapter 5): (system, draft, claim).
+REPORTED_SYSTEMS = [
+    ("Leviathan et al. (T5-XXL)", "smaller T5 checkpoint", "2×–3× walltime, identical outputs"),
+    ("Chen et al. (Chinchilla 70B)", "4B model, K = 4", "2–2.5× decoding"),
+    ("Medusa-1 / Medusa-2", "extra decoding heads, tree attention", "over 2.2× / 2.3–3.6×"),
+    ("EAGLE (LLaMA2-Chat 70B)", "drafting on the target's features", "2.7–3.5× latency"),
+    ("Draft & Verify (LLaMA-2)", "the target with layers skipped", "up to 1.99×"),
+    ("Lookahead decoding", "n-grams from the target itself, no draft model",
+     "up to 1.8× (MT-bench), up to 4× (multi-GPU code)"),
+    ("gpt-fast", "CodeLlama-7B for CodeLlama-34B", "about 2× tokens/s"),
+    ("gpt-fast", "TinyLlama-1B for Llama-7B", "about 1.3× tokens/s"),
+    ("vLLM, low load", "draft model (ShareGPT) / n-gram (CNN/DailyMail)", "up to 1.5× / up to 2.8×"),
+    ("vLLM, high load", "the same", "slower than without speculation"),
+]
 
 
 # --------------------------------------------------------------------------------------------
@@ -860,7 +916,7 @@ BOOK_STYLE = {
     "figure.figsize": (7.5, 3.6), "figure.dpi": 110, "savefig.dpi": 150,
     "savefig.bbox": "tight", "font.size": 10, "axes.titlesize": 11, "axes.labelsize": 10,
     "axes.spines.top": False, "axes.spines.right": False, "axes.grid": True,
-    "grid.alpha": 0.3, "legend.frameon": False, "svg.hashsalt": "exact-by-construction",
+    "grid.alpha": 0.3, "legend.frameon": False, "legend.fontsize": 9, "svg.hashsalt": "exact-by-construction",
     "axes.prop_cycle": __import__("cycler").cycler(color=OKABE_ITO),
 }
 
@@ -979,9 +1035,196 @@ def plot_controls(rows, noise_q95):
     return fig
 
 
+def plot_alpha_vs_w(sweep):
+    """Exact α(w) as a line, measured accepted-per-test as markers."""
+    fig, ax = _new_figure()
+    grid = np.linspace(0, 1, 101)
+    ax.plot(grid, [alpha_exact(w) for w in grid], color=OKABE_ITO[0], label="exact α(w)")
+    ax.plot(list(sweep), [t.acceptance_rate for t in sweep.values()], "o", color=OKABE_ITO[3],
+            label="measured: accepted / ratio tests")
+    ax.set(xlabel="draft weight w", ylabel="acceptance rate α", title="Acceptance against draft weight")
+    ax.legend()
+    return fig
+
+
+def plot_tokens_vs_w(sweep, gamma=4, gammas=(1, 2, 3, 4, 6, 8)):
+    """Eq. (1) with exact α(w) for several γ as lines; the measured γ sweep as markers."""
+    fig, ax = _new_figure()
+    grid = np.linspace(0, 1, 101)
+    alphas = [min(alpha_exact(w), 1.0) for w in grid]
+    for g in gammas:
+        ax.plot(grid, [expected_tokens(a, g) for a in alphas], label=f"γ = {g}")
+    ax.plot(list(sweep), [t.tokens_per_step for t in sweep.values()], "o", color="black",
+            markersize=5, label=f"measured, γ = {gamma}")
+    ax.set(xlabel="draft weight w", ylabel="tokens per target call",
+           title="Tokens per target call against draft weight (Eq. 1)")
+    ax.legend(ncol=2)
+    return fig
+
+
+def plot_tokens_vs_gamma(weights=(0.0, 0.5, 0.9, 1.0), max_gamma=10):
+    """Eq. (1) against γ for several draft weights."""
+    fig, ax = _new_figure()
+    gammas = np.arange(max_gamma + 1)
+    for w in weights:
+        a = min(alpha_exact(w), 1.0)
+        ax.plot(gammas, [expected_tokens(a, int(g)) for g in gammas], "o-", markersize=4,
+                label=f"w = {w:g} (α = {a:.3f})")
+    ax.set(xlabel="draft tokens per step γ", ylabel="tokens per target call",
+           title="More drafts help only as far as the draft agrees")
+    ax.legend()
+    return fig
+
+
+def plot_expected_tokens_vs_alpha(gammas=(1, 2, 3, 5, 7, 10)):
+    """Leviathan et al.'s Figure 2: Eq. (1) against α for several γ; this toy's α range shaded."""
+    fig, ax = _new_figure()
+    grid = np.linspace(0, 1, 201)
+    for g in gammas:
+        ax.plot(grid, [expected_tokens(a, g) for a in grid], label=f"γ = {g}")
+    ax.axvspan(alpha_exact(0), 1, color="grey", alpha=0.15, label="this toy: α(0) to α(1)")
+    ax.set(xlabel="α", ylabel="expected tokens per step",
+           title="Expected tokens per step against α (after Leviathan et al., Fig. 2)")
+    ax.legend(ncol=2)
+    return fig
+
+
+def plot_speedup_vs_w(sweep, gamma=4, costs=(0.0, 0.05, 0.1, 0.25, 0.5)):
+    """Theorem 3.8 against w for several c: exact α(w) lines, measured markers."""
+    fig, ax = _new_figure()
+    grid = np.linspace(0, 1, 101)
+    alphas = [min(alpha_exact(w), 1.0) for w in grid]
+    for i, c in enumerate(costs):
+        colour = OKABE_ITO[i]
+        ax.plot(grid, [walltime_speedup(a, gamma, c) for a in alphas], color=colour, label=f"c = {c:g}")
+        ax.plot(list(sweep), [t.tokens_per_step / (gamma * c + 1) for t in sweep.values()], "o",
+                color=colour, markersize=4)
+    ax.axhline(1, color="black", linewidth=0.8)
+    ax.set(xlabel="draft weight w", ylabel="projected walltime speedup",
+           title=f"Projected speedup, γ = {gamma} (Theorem 3.8; markers from measured tokens)")
+    ax.legend(ncol=3)
+    return fig
+
+
+def plot_speedup_heatmap(max_gamma=30):
+    """Best speedup over γ on an (α, c) grid, with Corollary 3.9's boundary α = c."""
+    from matplotlib.colors import LogNorm
+
+    alphas, costs = np.linspace(0, 0.99, 100), np.linspace(0, 1, 101)
+    gammas = np.arange(max_gamma + 1)
+    tokens = np.cumsum(alphas[None, :] ** gammas[:, None], axis=0)  # (G, A): Eq. (1), sum form
+    best = (tokens[None] / (gammas[None, :, None] * costs[:, None, None] + 1)).max(axis=1)  # (C, A)
+    fig, ax = _new_figure(figsize=(7.5, 4.8))
+    image = ax.pcolormesh(alphas, costs, best, cmap="magma_r", shading="auto",
+                          norm=LogNorm(vmin=1, vmax=best.max()))
+    levels = ax.contour(alphas, costs, best, levels=[1.25, 1.5, 2, 3, 5, 10], colors="white",
+                        linewidths=0.8)
+    ax.clabel(levels, fmt="%g×", fontsize=8)
+    ax.plot([0, 0.99], [0, 0.99], "--", color=OKABE_ITO[5], label="α = c (Corollary 3.9)")
+    ax.set(xlabel="α", ylabel="cost ratio c",
+           title="Best projected speedup over γ ≤ 30 (palest: 1×, no gain)")
+    ax.grid(False)
+    ax.legend(loc="upper left")
+    fig.colorbar(image, ax=ax, label="speedup (log scale)")
+    return fig
+
+
+def plot_optimal_gamma(costs=(0.01, 0.02, 0.05, 0.1, 0.2, 0.5)):
+    """Leviathan et al.'s Figure 3: the optimal γ against α for several c."""
+    fig, ax = _new_figure()
+    grid = np.linspace(0, 0.99, 199)
+    for c in costs:
+        ax.step(grid, [optimal_gamma(a, c) for a in grid], where="post", label=f"c = {c:g}")
+    ax.set(xlabel="α", ylabel="optimal γ",
+           title="Optimal number of draft tokens (after Leviathan et al., Fig. 3)")
+    ax.legend(ncol=2)
+    return fig
+
+
+def plot_speedup_and_operations(gammas=(1, 2, 3, 5, 7, 10), c=0.0, c_hat=0.0):
+    """Leviathan et al.'s Figure 4: speedup and increase in operations against α, for several γ."""
+    fig, (left, right) = _new_figure(2, figsize=(9, 3.6))
+    grid = np.linspace(0, 0.99, 100)
+    for g in gammas:
+        left.plot(grid, [walltime_speedup(a, g, c) for a in grid], label=f"γ = {g}")
+        right.plot(grid, [operations_increase(a, g, c_hat) for a in grid], label=f"γ = {g}")
+    left.set(xlabel="α", ylabel="walltime speedup", title=f"Speedup (c = {c:g})")
+    right.set(xlabel="α", ylabel="increase in operations", title=f"Operations (ĉ = {c_hat:g})")
+    left.legend(ncol=2)
+    fig.suptitle("After Leviathan et al., Fig. 4", y=1.02)
+    return fig
+
+
+def plot_real_pairs():
+    """Measured α of real draft/target pairs (Leviathan et al., Table 3) beside this toy's range."""
+    fig, ax = _new_figure(figsize=(7.5, 5.2))
+    labels = [f"{target} ← {draft}" for target, draft, _, _ in REAL_PAIR_ALPHAS]
+    y = np.arange(len(labels))
+    ax.axvspan(alpha_exact(0), 1, color="grey", alpha=0.15, label="this toy: α(w), 0 ≤ w ≤ 1")
+    ax.plot([r[2] for r in REAL_PAIR_ALPHAS], y, "o", color=OKABE_ITO[0], label="temperature 0")
+    ax.plot([r[3] for r in REAL_PAIR_ALPHAS], y, "s", color=OKABE_ITO[1], label="temperature 1")
+    ax.set_yticks(y, labels)
+    ax.invert_yaxis()
+    ax.set(xlim=(0, 1), xlabel="α", title="Real pairs (Leviathan et al., Table 3) and this toy")
+    ax.legend(loc="lower left")
+    return fig
+
+
+def plot_panel(w=0.9, gamma=4, c=0.1):
+    """What one setting of (w, γ, c) buys: tokens per call against γ, speedup against c."""
+    alpha = min(alpha_exact(w), 1.0)
+    fig, (left, right) = _new_figure(2, figsize=(9, 3.4))
+    gammas = np.arange(11)
+    left.plot(gammas, [expected_tokens(alpha, int(g)) for g in gammas], "o-", markersize=4)
+    left.plot([gamma], [expected_tokens(alpha, gamma)], "o", color=OKABE_ITO[3], markersize=9)
+    left.set(xlabel="γ", ylabel="tokens per target call", title=f"w = {w:g}: α = {alpha:.3f}")
+    costs = np.linspace(0, 1, 101)
+    right.plot(costs, [walltime_speedup(alpha, gamma, x) for x in costs])
+    right.plot([c], [walltime_speedup(alpha, gamma, c)], "o", color=OKABE_ITO[3], markersize=9)
+    right.axhline(1, color="black", linewidth=0.8)
+    right.set(xlabel="cost ratio c", ylabel="projected speedup",
+              title=f"γ = {gamma}, c = {c:g}: {walltime_speedup(alpha, gamma, c):.2f}×")
+    return fig
+
+
+def widget_panel():
+    """Sliders for w, γ and c that redraw plot_panel (for a live kernel; needs ipywidgets)."""
+    import ipywidgets as widgets
+    import matplotlib.pyplot as plt
+    from IPython.display import display
+
+    sliders = {"w": widgets.FloatSlider(value=0.9, min=0, max=1, step=0.05, description="w"),
+               "gamma": widgets.IntSlider(value=4, min=0, max=10, description="γ"),
+               "c": widgets.FloatSlider(value=0.1, min=0, max=1, step=0.01, description="c")}
+
+    def redraw(**values):
+        figure = plot_panel(**values)
+        display(figure)
+        plt.close(figure)
+
+    return widgets.VBox([widgets.HBox(list(sliders.values())),
+                         widgets.interactive_output(redraw, sliders)])
+
+
 # Every figure of the book, by name: `make figures` writes each one to figures/.
 FIGURES = {
     "ch1-target-heatmap": plot_target_heatmap,
     "ch1-draft-mixture": plot_draft_mixture,
     "ch1-sampling-check": lambda: plot_comparison(sampling_check(), "200,000 draws after context 't'"),
+    "ch2-two-paths": plot_two_paths,
+    "ch2-one-token-check": lambda: plot_comparison(
+        one_token_check(), "First token of 200,000 γ = 1 steps after 't' (w = 0.3)"),
+    "ch3-joint-difference": lambda: plot_joint_difference(joint_check()),
+    "ch3-controls": lambda: plot_controls(control_rows(), noise_reference(
+        joint_check().exact, N_DRAWS, np.random.default_rng(SEEDS["noise"]))["q95_tv"]),
+    "ch4-alpha-vs-w": lambda: plot_alpha_vs_w(acceptance_sweep()),
+    "ch4-tokens-vs-w": lambda: plot_tokens_vs_w(acceptance_sweep()),
+    "ch4-tokens-vs-gamma": plot_tokens_vs_gamma,
+    "ch4-fig2-tokens-vs-alpha": plot_expected_tokens_vs_alpha,
+    "ch5-speedup-vs-w": lambda: plot_speedup_vs_w(acceptance_sweep()),
+    "ch5-speedup-heatmap": plot_speedup_heatmap,
+    "ch5-fig3-optimal-gamma": plot_optimal_gamma,
+    "ch5-fig4-speedup-operations": plot_speedup_and_operations,
+    "ch5-real-pairs": plot_real_pairs,
+    "ch5-panel": plot_panel,
 }
