@@ -11,6 +11,7 @@ Python call per token) and a vectorised twin in numpy for the Monte Carlo; tests
 the two agree. Exact results use `fractions.Fraction`, computed from the integer counts.
 """
 
+import functools
 from collections import defaultdict
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -392,15 +393,15 @@ class RowSampler:
     def __init__(self, table):
         self.rows, self.vocab = table.shape
         keep, alias = zip(*map(_alias_table, table))
-        self.keep = np.concatenate(keep)  # (R·V,)
+        self.threshold = np.concatenate(keep) + np.tile(np.arange(self.vocab), self.rows)  # j + keep[j]
         self.alias = np.concatenate(alias).astype(np.int64)  # (R·V,)
 
     def __call__(self, rows, u):
         """One token from each table row in rows (B,), using the uniforms u (B,)."""
         scaled = u * self.vocab
-        column = scaled.astype(np.int64)  # uniform column j, then the fraction decides
+        column = scaled.astype(np.int64)  # uniform column j; its fractional part decides
         cell = rows * self.vocab + column
-        return np.where(scaled - column < self.keep[cell], column, self.alias[cell])
+        return np.where(scaled < self.threshold[cell], column, self.alias[cell])
 
 
 class ToyModels(NamedTuple):
@@ -411,8 +412,9 @@ class ToyModels(NamedTuple):
     final: RowSampler  # rows 0..M·19−1: the rule's correction; then the bonus law p
 
 
+@functools.lru_cache(maxsize=32)
 def toy_models(weights, rule=EXACT_RULE):
-    """ToyModels for the draft weights in `weights` under `rule`."""
+    """ToyModels for the draft weights in the tuple `weights` under `rule` (cached)."""
     p = np.tile(P_MATRIX, (len(weights), 1))
     q = np.concatenate([draft_matrix(w) for w in weights])
     seen = rule.seen_q(q)
@@ -424,18 +426,21 @@ def toy_models(weights, rule=EXACT_RULE):
 def toy_step(rows, gamma, models, rng, rule=EXACT_RULE):
     """One speculative step per chain at table row `rows` (B,): (accepted, draft (B, gamma), final)."""
     batch = len(rows)
-    u = rng.random((batch, gamma + 1))  # one uniform per draft, one for the final draw
+    u = rng.random((gamma + 1, batch))  # one uniform per draft, one for the final draw
     block = rows - rows % len(CONTEXTS)  # first row of each chain's model
     path = np.empty((batch, gamma + 1), dtype=np.int64)  # table row at each position
     path[:, 0] = rows
     for i in range(gamma):  # draft gamma tokens: token t is context row t + 1
-        path[:, i + 1] = block + 1 + models.draft(path[:, i], u[:, i])
+        path[:, i + 1] = block + 1 + models.draft(path[:, i], u[i])
     draft = path[:, 1:] - block[:, None] - 1  # (B, gamma) token ids
     accept_x = models.accept[path[:, :-1] * V + draft]  # (B, gamma)
     accepted = _accepted_count(accept_x, _test_uniforms(rng, batch, gamma, rule))
     end = path[np.arange(batch), accepted]  # row where the step ends
-    final = models.final(end + models.draft.rows * (accepted == gamma), u[:, gamma])
+    final = models.final(end + models.draft.rows * (accepted == gamma), u[gamma])
     return accepted, draft, final
+
+
+TARGET_SAMPLER = RowSampler(P_MATRIX)
 
 
 def sample_tokens(n_draws, ctx, rng):
@@ -443,7 +448,7 @@ def sample_tokens(n_draws, ctx, rng):
     _check_count(n_draws, "n_draws")
     _check_context(ctx)
     _check_rng(rng)
-    return RowSampler(P_MATRIX)(np.full(n_draws, CONTEXT_INDEX[ctx]), rng.random(n_draws))
+    return TARGET_SAMPLER(np.full(n_draws, CONTEXT_INDEX[ctx]), rng.random(n_draws))
 
 
 def simulate_prefixes(n_runs, k, gamma, w, ctx, rng, rule=EXACT_RULE):
@@ -452,7 +457,7 @@ def simulate_prefixes(n_runs, k, gamma, w, ctx, rng, rule=EXACT_RULE):
     _check_count(k, "k")
     _check_step_args(ctx, gamma, w)
     _check_rng(rng)
-    models = toy_models([w], rule)
+    models = toy_models((w,), rule)
     out = np.full((n_runs, k), -1, dtype=np.int64)
     filled = np.zeros(n_runs, dtype=np.int64)
     rows = np.full(n_runs, CONTEXT_INDEX[ctx])
@@ -460,11 +465,13 @@ def simulate_prefixes(n_runs, k, gamma, w, ctx, rng, rule=EXACT_RULE):
     while active.size:
         accepted, draft, final = toy_step(rows[active], gamma, models, rng, rule)
         start = filled[active]
-        for j in range(min(gamma, k)):  # copy the kept drafts into their slots, up to k
-            ok = (j < accepted) & (start + j < k)
-            out[active[ok], start[ok] + j] = draft[ok, j]
-        ok = start + accepted < k
-        out[active[ok], start[ok] + accepted[ok]] = final[ok]
+        for j in range(k):  # slot j holds this step's token number j − start, if it emitted one
+            offset = j - start
+            token = np.where(offset == accepted, final, -1)
+            if gamma:
+                kept = draft[np.arange(active.size), np.clip(offset, 0, gamma - 1)]
+                token = np.where((offset >= 0) & (offset < accepted), kept, token)
+            out[active, j] = np.where(offset >= 0, token, out[active, j])
         rows[active] = final + 1
         filled[active] += accepted + 1
         active = active[filled[active] < k]
@@ -503,7 +510,7 @@ def simulate_generation(n_chains, n_tokens, gamma, weights, rng, rule=EXACT_RULE
     for w in weights:
         _check_step_args(BOS, gamma, w)
     _check_rng(rng)
-    models = toy_models(weights, rule)
+    models = toy_models(tuple(weights), rule)
     model = np.repeat(np.arange(len(weights)), n_chains)  # (M·n_chains,) each chain's w
     block = model * len(CONTEXTS)
     rows = block.copy()  # every chain starts at BOS

@@ -1,0 +1,86 @@
+"""Time the book's Monte Carlo: the literal loops against the vectorised engine (`make bench`).
+
+For each workload: the literal Python loops the chapters show, the vectorised engine the chapters
+run, and the floor, drawing the same number of uniforms the engine consumes and nothing else.
+"""
+
+import time
+
+import numpy as np
+
+import specdec_core as sc
+
+
+class CountingGenerator(np.random.Generator):
+    """A Generator that counts the uniforms it hands out."""
+
+    drawn = 0
+
+    def random(self, size=None, dtype=np.float64, out=None):
+        """Uniforms on [0, 1), counted."""
+        CountingGenerator.drawn += 1 if size is None else int(np.prod(size))
+        return super().random(size, dtype, out)
+
+
+def seconds(work, repeats=5):
+    """Wall-clock seconds of one call of work(), the best of `repeats`."""
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        work()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def uniforms_used(work):
+    """How many uniforms work(rng) draws from a counting generator."""
+    CountingGenerator.drawn = 0
+    work(CountingGenerator(np.random.PCG64(0)))
+    return CountingGenerator.drawn
+
+
+def literal_sweep():
+    """The article's sweep: one 200,000-token chain per weight, literal loops."""
+    for w in sc.SWEEP_WEIGHTS:
+        sc.speculative_generate(sc.N_DRAWS, 4, w, sc.BOS, np.random.default_rng(0))
+
+
+N = sc.N_DRAWS
+WORKLOADS = [  # name, literal work, vectorised work, the vectorised work on a given rng
+    ("ch1 sampling check", lambda: [sc.autoregressive_sample(1, "t", RNG) for _ in range(N)],
+     sc.sampling_check, lambda rng: sc.sample_tokens(N, "t", rng)),
+    ("ch2 gamma = 1 check", lambda: [sc.speculative_step("t", 1, 0.3, RNG) for _ in range(N)],
+     sc.one_token_check, lambda rng: sc.simulate_prefixes(N, 1, 1, 0.3, "t", rng)),
+    ("ch3 two-token joint", lambda: [sc.speculative_generate(2, 2, 0.3, sc.BOS, RNG) for _ in range(N)],
+     sc.joint_check, lambda rng: sc.simulate_prefixes(N, 2, 2, 0.3, sc.BOS, rng)),
+    ("ch4 sweep, 11 x 200,000 tokens", literal_sweep, sc.acceptance_sweep,
+     lambda rng: sc.simulate_generation(200, 1000, 4, sc.SWEEP_WEIGHTS, rng)),
+]
+CONTROLS = ("ch3 four broken verifiers", lambda: [sc.joint_check(r) for r in sc.BROKEN_RULES.values()],
+            lambda rng: [sc.simulate_prefixes(N, 2, 2, 0.3, sc.BOS, rng, r) for r in sc.BROKEN_RULES.values()])
+RNG = np.random.default_rng(0)
+
+
+def main():
+    """Print one row per workload, then the totals."""
+    print(f"{'workload':34} {'draws':>10} {'literal s':>10} {'fast s':>8} {'ratio':>7} {'floor s':>8} {'fast/floor':>10}")
+    totals = np.zeros(3)
+    for name, literal, fast, on_rng in WORKLOADS:
+        n_uniforms = uniforms_used(on_rng)
+        row = np.array([seconds(literal, repeats=1), seconds(fast),
+                        seconds(lambda n=n_uniforms: np.random.default_rng(1).random(n))])
+        totals += row
+        print(f"{name:34} {N:>10,} {row[0]:>10.2f} {row[1]:>8.3f} {row[0] / row[1]:>7.0f} {row[2]:>8.3f} {row[1] / row[2]:>10.1f}")
+    name, fast, on_rng = CONTROLS
+    n_uniforms = uniforms_used(on_rng)
+    controls = np.array([seconds(fast), seconds(lambda: np.random.default_rng(1).random(n_uniforms))])
+    print(f"{name:34} {4 * N:>10,} {'':>10} {controls[0]:>8.3f} {'':>7} {controls[1]:>8.3f} {controls[0] / controls[1]:>10.1f}")
+    print(f"{'the article workloads, total':34} {'':>10} {totals[0]:>10.2f} {totals[1]:>8.3f} "
+          f"{totals[0] / totals[1]:>7.0f} {totals[2]:>8.3f} {totals[1] / totals[2]:>10.1f}")
+    book_fast, book_floor = totals[1] + controls[0], totals[2] + controls[1]
+    print(f"{'the whole book, with controls':34} {'':>10} {'':>10} {book_fast:>8.3f} {'':>7} "
+          f"{book_floor:>8.3f} {book_fast / book_floor:>10.1f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,201 @@
+"""The vectorised engine: `verify` on any distributions, and its agreement with the literal loops."""
+
+import warnings
+
+import numpy as np
+import pytest
+from conftest import P_PASS, P_REJECT
+from scipy.stats import chi2_contingency
+
+import specdec_core as sc
+
+
+def random_rows(rng, shape, zeros=False):
+    """Random distributions along the last axis (Dirichlet), optionally with some exact zeros."""
+    rows = rng.dirichlet(np.ones(shape[-1]) * 0.7, size=shape[:-1])
+    if zeros:
+        rows = np.where(rng.random(shape) < 0.2, 0.0, rows)
+        rows[..., 0] += 1e-3  # keep every row non-empty
+        rows /= rows.sum(axis=-1, keepdims=True)
+    return rows
+
+
+def batch(rng, size, gamma, vocab, zeros=False):
+    """B copies of one position-wise fixed (p, q), and draft tokens drawn from q."""
+    p = random_rows(rng, (gamma + 1, vocab), zeros)
+    q = random_rows(rng, (gamma, vocab), zeros)
+    tokens = np.stack([rng.choice(vocab, size=size, p=q[i]) for i in range(gamma)], axis=1)
+    return p, q, np.broadcast_to(p, (size, gamma + 1, vocab)), np.broadcast_to(q, (size, gamma, vocab)), tokens
+
+
+def outcome_law(p, q):
+    """Exact law of (accepted n, emitted token t), (gamma + 1, V), for position-wise fixed p and q.
+
+    P(n = k, t) = Π_{i<k} β_i · max(0, p_k(t) − q_k(t)) for k < γ, and Π_{i<γ} β_i · p_γ(t),
+    with β_i = Σ_x min(p_i(x), q_i(x)).
+    """
+    gamma = len(q)
+    beta = np.minimum(p[:gamma], q).sum(axis=1)
+    reach = np.concatenate([[1.0], np.cumprod(beta)])  # P(first k drafts kept)
+    law = np.vstack([reach[k] * np.maximum(p[k] - q[k], 0) for k in range(gamma)] + [reach[gamma] * p[gamma]])
+    return law
+
+
+@pytest.mark.parametrize("vocab, gamma, zeros", [(5, 1, False), (12, 3, True), (30, 5, False), (50, 2, True)])
+def test_verify_reproduces_the_exact_outcome_law(vocab, gamma, zeros):
+    rng = np.random.default_rng(vocab * 10 + gamma)
+    p, q, target, draft, tokens = batch(rng, 200_000, gamma, vocab, zeros)
+    accepted, emitted = sc.verify(target, draft, tokens, rng)
+    final = emitted[np.arange(len(emitted)), accepted]
+    counts = np.bincount(accepted * vocab + final, minlength=(gamma + 1) * vocab)
+    law = outcome_law(p, q).ravel()
+    assert law.sum() == pytest.approx(1)
+    assert counts[law == 0].sum() == 0  # impossible outcomes never happen
+    kept = law > 0
+    assert sc.chi_square_p_value(counts[kept], law[kept] / law[kept].sum()) > P_PASS
+    # negative control: the law with the residual replaced by p (a broken verifier) is rejected
+    wrong = np.vstack([outcome_law(p, q)[:gamma].sum(axis=1, keepdims=True) * p[:gamma],
+                       outcome_law(p, q)[gamma:]]).ravel()
+    assert sc.chi_square_p_value(counts[kept], wrong[kept] / wrong[kept].sum()) < P_REJECT
+
+
+def test_the_emitted_tokens_are_the_kept_draft_then_one_more():
+    rng = np.random.default_rng(1)
+    _, _, target, draft, tokens = batch(rng, 1000, 4, 9)
+    accepted, emitted = sc.verify(target, draft, tokens, rng)
+    for n, row, drafted in zip(accepted, emitted, tokens):
+        assert (row[:n] == drafted[:n]).all() and 0 <= row[n] < 9 and (row[n + 1:] == -1).all()
+
+
+def test_identical_target_and_draft_accept_everything_without_warnings():
+    rng = np.random.default_rng(2)
+    q = random_rows(rng, (64, 3, 7), zeros=True)
+    p = np.concatenate([q, random_rows(rng, (64, 1, 7))], axis=1)
+    tokens = np.array([[rng.choice(7, p=row) for row in rows] for rows in q])
+    with warnings.catch_warnings(), np.errstate(all="raise"):
+        warnings.simplefilter("error")
+        accepted, emitted = sc.verify(p, q, tokens, rng)
+    assert (accepted == 3).all() and not np.isnan(emitted).any()
+
+
+def test_a_token_the_draft_cannot_produce_is_rejected():
+    p = np.full((1, 2, 3), 1 / 3)
+    q = np.array([[[0.5, 0.5, 0.0]]])
+    for seed in range(50):
+        accepted, _ = sc.verify(p, q, np.array([[2]]), np.random.default_rng(seed))
+        assert accepted[0] == 0
+
+
+def test_perfect_one_hot_match_returns_the_draft_and_the_bonus():
+    vocab, gamma = 6, 3
+    draft_tokens = np.array([[4, 1, 5]])
+    q = np.eye(vocab)[draft_tokens]  # (1, 3, 6) one-hot at the drafted tokens
+    p = np.eye(vocab)[[[4, 1, 5, 2]]]  # the target agrees, then wants 2
+    accepted, emitted = sc.verify(p, q, draft_tokens, np.random.default_rng(0))
+    assert accepted.tolist() == [gamma] and emitted.tolist() == [[4, 1, 5, 2]]
+
+
+def test_early_mismatch_stops_there_and_emits_the_targets_token():
+    vocab = 6
+    draft_tokens = np.array([[4, 1, 5]])
+    q = np.eye(vocab)[draft_tokens]
+    p = np.eye(vocab)[[[4, 3, 5, 2]]]  # disagrees at the second position, wants 3
+    accepted, emitted = sc.verify(p, q, draft_tokens, np.random.default_rng(0))
+    assert accepted.tolist() == [1] and emitted.tolist() == [[4, 3, -1, -1]]
+
+
+def test_seeded_calls_are_deterministic():
+    rng = np.random.default_rng(3)
+    _, _, target, draft, tokens = batch(rng, 500, 3, 8)
+    first = sc.verify(target, draft, tokens, np.random.default_rng(11))
+    second = sc.verify(target, draft, tokens, np.random.default_rng(11))
+    assert all((a == b).all() for a, b in zip(first, second))
+
+
+def test_read_only_and_broadcast_inputs():
+    rng = np.random.default_rng(4)
+    p, q, target, draft, tokens = batch(rng, 100, 2, 5)  # target and draft are broadcast views
+    tokens = tokens.copy()
+    tokens.setflags(write=False)
+    accepted, _ = sc.verify(target, draft, tokens, rng)
+    assert accepted.shape == (100,)
+
+
+def test_gamma_zero_is_a_plain_draw_from_p():
+    rng = np.random.default_rng(5)
+    p = random_rows(rng, (1, 7))
+    accepted, emitted = sc.verify(np.broadcast_to(p, (100_000, 1, 7)), np.zeros((100_000, 0, 7)),
+                                  np.zeros((100_000, 0), dtype=int), rng)
+    assert (accepted == 0).all()
+    assert sc.chi_square_p_value(np.bincount(emitted[:, 0], minlength=7), p[0]) > P_PASS
+
+
+def _valid(gamma=2, vocab=4, size=3):
+    rng = np.random.default_rng(0)
+    _, _, target, draft, tokens = batch(rng, size, gamma, vocab)
+    return target.copy(), draft.copy(), tokens.copy()
+
+
+def _with(index, value, array_index=0):
+    arrays = list(_valid())
+    arrays[array_index] = arrays[array_index].astype(float if array_index < 2 else arrays[2].dtype)
+    arrays[array_index][index] = value
+    return arrays
+
+
+@pytest.mark.parametrize(
+    "arrays, message",
+    [
+        (_with((0, 0, 0), 0.9), "sum to 1"),
+        (_with((0, 0, 0), -0.1), "negative"),
+        (_with((0, 0, 0), np.nan), "NaN or inf"),
+        (_with((1, 1, 1), np.inf, 1), "NaN or inf"),
+        (_with((0, 0), 4, 2), r"\[0, 4\)"),
+        (_with((0, 0), -1, 2), r"\[0, 4\)"),
+        ([_valid()[0], _valid(gamma=3)[1], _valid()[2]], "shapes do not match"),
+        ([_valid()[0], _valid()[1], _valid(size=5)[2]], "shapes do not match"),
+        ([_valid()[0][0], _valid()[1], _valid()[2]], "need target_probs"),
+        ([_valid()[0], _valid()[1], _valid()[2].astype(float)], "integers"),
+    ],
+)
+def test_bad_input_raises_a_clear_error(arrays, message):
+    with pytest.raises(ValueError, match=message):
+        sc.verify(*arrays, np.random.default_rng(0))
+
+
+def test_verify_needs_a_generator():
+    with pytest.raises(ValueError, match="rng"):
+        sc.verify(*_valid(), 7)
+
+
+# ---- the batched toy engine against the literal loops -------------------------------------
+
+
+def test_batched_one_token_steps_match_the_literal_step():
+    rng = np.random.default_rng(6)
+    literal = [sc.speculative_step("t", 1, 0.3, rng)[0][0] for _ in range(20_000)]
+    literal_counts = np.array([literal.count(tok) for tok in sc.VOCAB])
+    fast = sc.one_token_check().counts
+    assert chi2_contingency(np.stack([literal_counts, fast])).pvalue > P_PASS
+    shifted = sc.one_token_check(sc.BROKEN_RULES["accept all"]).counts
+    assert chi2_contingency(np.stack([literal_counts, shifted])).pvalue < P_REJECT
+
+
+def test_row_sampler_draws_each_row_law():
+    rng = np.random.default_rng(7)
+    table = random_rows(rng, (3, 11), zeros=True)
+    sampler = sc.RowSampler(table)
+    for row in range(3):
+        draws = sampler(np.full(100_000, row), rng.random(100_000))
+        counts = np.bincount(draws, minlength=11)
+        assert counts[table[row] == 0].sum() == 0
+        kept = table[row] > 0
+        assert sc.chi_square_p_value(counts[kept], table[row][kept] / table[row][kept].sum()) > P_PASS
+
+
+def test_generation_totals_are_consistent():
+    totals = sc.simulate_generation(50, 100, 3, [0.0, 1.0], np.random.default_rng(8))
+    for w, run in totals.items():
+        assert run.tokens >= 50 * 100 and run.tokens == run.steps + run.accepted
+        assert run.tests <= 3 * run.steps
+    assert totals[1.0].acceptance_rate == 1.0 and totals[1.0].tokens_per_step == 4.0
