@@ -878,6 +878,7 @@ ARTICLE = {
     "alpha_w0": 0.726, "tokens_w0": 2.92, "tokens_w1": 5.0, "tokens_w09": 4.7336,
     "speedup_w09_c010": 3.381, "speedup_w09_c025": 2.367,
     "speedup_w0_c010": 2.080, "speedup_w0_c025": 1.456,
+    "pairs_seen": 324, "acceptance_gap_bound": 0.004, "tokens_gap_bound": 0.01,
 }
 
 # Measured α of real draft/target pairs, Leviathan et al. Table 3 (temperature 0, temperature 1).
@@ -1036,7 +1037,7 @@ def plot_controls(rows, noise_q95):
     ax.barh(names, tvs, color=colours)
     ax.axvline(noise_q95, color="black", linestyle="--", label="95th percentile of TV from noise alone")
     ax.invert_yaxis()
-    ax.set(xlabel="total variation to the target joint",
+    ax.set(xlabel="total variation to the target joint", ylabel="verifier",
            title="The same test on the correct rule and on four broken ones")
     ax.legend(loc="lower right")
     return fig
@@ -1172,7 +1173,7 @@ def plot_real_pairs():
     ax.plot([r[3] for r in REAL_PAIR_ALPHAS], y, "s", color=OKABE_ITO[1], label="temperature 1")
     ax.set_yticks(y, labels)
     ax.invert_yaxis()
-    ax.set(xlim=(0, 1), xlabel="α", title="Real pairs (Leviathan et al., Table 3) and this toy")
+    ax.set(xlim=(0, 1), xlabel="α", ylabel="target ← draft", title="Real pairs (Leviathan et al., Table 3) and this toy")
     ax.legend(loc="lower left")
     return fig
 
