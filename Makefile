@@ -45,8 +45,9 @@ site: $(BIN)/.installed $(NOTEBOOKS) _build/.core-stamp
 	SPECDEC_STATIC_SITE=1 $(BIN)/jupyter-book build . --warningiserror --nitpick --keep-going
 	@echo "The site is at $(CURDIR)/$(SITE)/index.html"
 
-## make test: unit tests of the core, every chapter executed, and the built site checked
+## make test: lint, unit tests of the core, every chapter executed, and the built site checked
 test: site $(BIN)/.test-installed
+	$(BIN)/ruff check specdec_core.py scripts tests
 	$(BIN)/python -m pytest
 
 ## make figures: every figure of the book as PNG and SVG in figures/, without the site

@@ -13,10 +13,11 @@ the two agree. Exact results use `fractions.Fraction`, computed from the integer
 
 import functools
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from fractions import Fraction
 from numbers import Integral, Real
-from typing import Callable, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 from scipy import stats
@@ -25,10 +26,7 @@ from scipy import stats
 # The corpus and the two models
 # --------------------------------------------------------------------------------------------
 
-CORPUS = (
-    "to be or not to be that is the question whether tis nobler in the mind "
-    "to suffer"
-)
+CORPUS = "to be or not to be that is the question whether tis nobler in the mind to suffer"
 VOCAB = sorted(set(CORPUS))  # the 18 tokens the models can emit
 BOS = "^"  # start-of-sequence context, never emitted
 CONTEXTS = [BOS] + VOCAB  # the 19 possible "previous token" values
@@ -206,7 +204,7 @@ def speculative_step(ctx, gamma, w, rng):
 
 
 def speculative_generate(n_tokens, gamma, w, ctx, rng):
-    """Chain speculative steps from ctx until n_tokens are out; one (emitted, accepted, tests) per step."""
+    """Chain steps from ctx until n_tokens are out; records (emitted, accepted, tests) per step."""
     _check_count(n_tokens, "n_tokens")
     _check_step_args(ctx, gamma, w)
     _check_rng(rng)
@@ -251,7 +249,7 @@ def _sharpened(q):
 
 @dataclass(frozen=True)
 class Rule:
-    """A verifier: accept a drafted x with prob accept(p(x), q(x)), else draw from correction(p, q)."""
+    """A verifier: keep a draft x w.p. accept(p(x), q(x)), else draw from correction(p, q)."""
 
     name: str
     accept: Callable = _ratio
@@ -275,7 +273,7 @@ BROKEN_RULES = {
 
 
 def _accepted_count(accept_x, u):
-    """Leading ratio tests passed, (B,), from acceptance probs (B, gamma) and uniforms (B, gamma)."""
+    """Leading ratio tests passed (B,), from acceptance probs and uniforms, both (B, gamma)."""
     batch, gamma = accept_x.shape
     passed = u < accept_x  # (B, gamma): r < min(1, p/q)
     accepted = np.zeros(batch, dtype=np.int64)
@@ -318,13 +316,20 @@ def _emitted(draft_tokens, accepted, final):
 def _check_batch(target_probs, draft_probs, draft_tokens):
     """Raise unless the three arrays are a well-formed batch of distributions and drafts."""
     if target_probs.ndim != 3 or draft_probs.ndim != 3 or draft_tokens.ndim != 2:
-        raise ValueError("need target_probs (B, gamma+1, V), draft_probs (B, gamma, V), "
-                         "draft_tokens (B, gamma)")
+        raise ValueError(
+            "need target_probs (B, gamma+1, V), draft_probs (B, gamma, V), draft_tokens (B, gamma)"
+        )
     batch, gamma = draft_tokens.shape
     vocab = target_probs.shape[2]
-    if target_probs.shape != (batch, gamma + 1, vocab) or draft_probs.shape != (batch, gamma, vocab):
-        raise ValueError(f"shapes do not match: target_probs {target_probs.shape}, draft_probs "
-                         f"{draft_probs.shape}, draft_tokens {draft_tokens.shape}")
+    if target_probs.shape != (batch, gamma + 1, vocab) or draft_probs.shape != (
+        batch,
+        gamma,
+        vocab,
+    ):
+        raise ValueError(
+            f"shapes do not match: target_probs {target_probs.shape}, draft_probs "
+            f"{draft_probs.shape}, draft_tokens {draft_tokens.shape}"
+        )
     for name, probs in (("target_probs", target_probs), ("draft_probs", draft_probs)):
         if not np.all(np.isfinite(probs)):
             raise ValueError(f"{name} contains NaN or inf")
@@ -393,7 +398,9 @@ class RowSampler:
     def __init__(self, table):
         self.rows, self.vocab = table.shape
         keep, alias = zip(*map(_alias_table, table))
-        self.threshold = np.concatenate(keep) + np.tile(np.arange(self.vocab), self.rows)  # j + keep[j]
+        self.threshold = np.concatenate(keep) + np.tile(
+            np.arange(self.vocab), self.rows
+        )  # j + keep[j]
         self.alias = np.concatenate(alias).astype(np.int64)  # (R·V,)
 
     def __call__(self, rows, u):
@@ -424,7 +431,7 @@ def toy_models(weights, rule=EXACT_RULE):
 
 
 def toy_step(rows, gamma, models, rng, rule=EXACT_RULE):
-    """One speculative step per chain at table row `rows` (B,): (accepted, draft (B, gamma), final)."""
+    """One step per chain at table row `rows` (B,): (accepted, draft (B, gamma), final)."""
     batch = len(rows)
     u = rng.random((gamma + 1, batch))  # one uniform per draft, one for the final draw
     block = rows - rows % len(CONTEXTS)  # first row of each chain's model
@@ -523,8 +530,10 @@ def simulate_generation(n_chains, n_tokens, gamma, weights, rng, rule=EXACT_RULE
         steps[active] += 1
         full_steps[active] += accepted == gamma  # no failed test in that step
         active = active[tokens[active] < n_tokens]
-    per_model = [np.bincount(model, weights=x, minlength=len(weights)).astype(np.int64)
-                 for x in (steps, tokens, tokens - steps, tokens - full_steps)]
+    per_model = [
+        np.bincount(model, weights=x, minlength=len(weights)).astype(np.int64)
+        for x in (steps, tokens, tokens - steps, tokens - full_steps)
+    ]
     return {w: RunTotals(*map(int, column)) for w, column in zip(weights, zip(*per_model))}
 
 
@@ -561,8 +570,11 @@ def target_joint(k, ctx=BOS, exact=True):
     p, _ = model_matrices(0, exact)
     law = {"": Fraction(1) if exact else 1.0}
     for _ in range(k):
-        law = {s + tok: mass * p[CONTEXT_INDEX[s[-1:] or ctx], t]
-               for s, mass in law.items() for t, tok in enumerate(VOCAB)}
+        law = {
+            s + tok: mass * p[CONTEXT_INDEX[s[-1:] or ctx], t]
+            for s, mass in law.items()
+            for t, tok in enumerate(VOCAB)
+        }
     return law
 
 
@@ -681,7 +693,7 @@ def compare(tokens, law):
     codes = np.zeros(len(tokens), dtype=np.int64)
     for column in tokens.T:  # each row read as a base-V number
         codes = codes * V + column
-    counts = np.bincount(codes, minlength=V ** k)
+    counts = np.bincount(codes, minlength=V**k)
     order = [sum(TOKEN_INDEX[ch] * V ** (k - 1 - i) for i, ch in enumerate(s)) for s in labels]
     return Comparison(labels, exact, counts[order])
 
@@ -692,8 +704,12 @@ def noise_reference(probs, n, rng, reps=2000):
     freq = rng.multinomial(n, probs, size=reps) / n  # (reps, K)
     gap = np.abs(freq - probs)
     max_gap, tv = gap.max(axis=1), 0.5 * gap.sum(axis=1)
-    return {"mean_max_gap": float(max_gap.mean()), "q95_max_gap": float(np.quantile(max_gap, 0.95)),
-            "mean_tv": float(tv.mean()), "q95_tv": float(np.quantile(tv, 0.95))}
+    return {
+        "mean_max_gap": float(max_gap.mean()),
+        "q95_max_gap": float(np.quantile(max_gap, 0.95)),
+        "mean_tv": float(tv.mean()),
+        "q95_tv": float(np.quantile(tv, 0.95)),
+    }
 
 
 def law_tv(law, reference):
@@ -714,7 +730,7 @@ def beta_exact(ctx, w):
 
 
 def _stationary(transition, tol=1e-15, max_iter=10_000):
-    """Stationary law of a row-stochastic matrix by power iteration: π ← π·T until it stops moving."""
+    """Stationary law of a row-stochastic matrix by power iteration: π ← π·T until it settles."""
     pi = np.full(len(transition), 1 / len(transition))
     for _ in range(max_iter):
         new = pi @ transition
@@ -744,7 +760,9 @@ def stationary_exact():
     """π_p in Fractions: solve π·(T − I) = 0 with Σπ = 1 by Gaussian elimination."""
     n = V
     # rows: the n balance equations with the last replaced by Σπ = 1; augmented column last
-    system = [[P_FRACTIONS[1 + j, i] - (i == j) for j in range(n)] + [Fraction(0)] for i in range(n)]
+    system = [
+        [P_FRACTIONS[1 + j, i] - (i == j) for j in range(n)] + [Fraction(0)] for i in range(n)
+    ]
     system[-1] = [Fraction(1)] * n + [Fraction(1)]
     for col in range(n):
         pivot = next(r for r in range(col, n) if system[r][col] != 0)
@@ -763,10 +781,10 @@ def alpha_fraction(w):
 
 
 def expected_tokens(alpha, gamma):
-    """Eq. (1): E[tokens per step] = (1 − α^(γ+1)) / (1 − α) = Σ_{i=0..γ} α^i, and γ + 1 at α = 1."""
+    """Eq. (1): E[tokens/step] = (1 − α^(γ+1)) / (1 − α) = Σ_{i=0..γ} α^i; γ + 1 at α = 1."""
     _check_unit_interval(alpha, "alpha")
     _check_count(gamma, "gamma")
-    return sum(alpha ** i for i in range(gamma + 1)) * 1.0  # the sum form is stable near α = 1
+    return sum(alpha**i for i in range(gamma + 1)) * 1.0  # the sum form is stable near α = 1
 
 
 def walltime_speedup(alpha, gamma, c):
@@ -782,7 +800,7 @@ def operations_increase(alpha, gamma, c_hat):
 
 
 def optimal_gamma(alpha, c, max_gamma=30):
-    """The γ in 0..max_gamma that maximises Theorem 3.8 (0: do not speculate); ties go to the smaller."""
+    """The γ in 0..max_gamma that maximises Theorem 3.8 (0: do not speculate; ties: the smaller)."""
     _check_count(max_gamma, "max_gamma")
     speedups = [walltime_speedup(alpha, g, c) for g in range(max_gamma + 1)]
     return int(np.argmax(speedups))
@@ -864,40 +882,67 @@ def control_rows(alpha=1e-3):
     for name, rule in [("correct rule", EXACT_RULE), *BROKEN_RULES.items()]:
         sampled = joint_check(rule)
         law = speculative_law(2, 2, Fraction(3, 10), BOS, rule=rule)
-        rows.append({"verifier": name, "sampled TV": sampled.tv,
-                     "log10 chi-square p": sampled.log10_p_value, "passes": sampled.p_value > alpha,
-                     "exact TV": float(law_tv(law, target)),
-                     "exact max |Δ|": float(law_difference(law, target))})
+        rows.append(
+            {
+                "verifier": name,
+                "sampled TV": sampled.tv,
+                "log10 chi-square p": sampled.log10_p_value,
+                "passes": sampled.p_value > alpha,
+                "exact TV": float(law_tv(law, target)),
+                "exact max |Δ|": float(law_difference(law, target)),
+            }
+        )
     return rows
 
 
 # What the article reports, for side-by-side tables (its own random streams, so only the size of
 # a noise-driven number is comparable, not its digits).
 ARTICLE = {
-    "sampling_max_gap": 0.00076, "one_token_max_gap": 0.00146, "joint_tv": 0.01523,
-    "alpha_w0": 0.726, "tokens_w0": 2.92, "tokens_w1": 5.0, "tokens_w09": 4.7336,
-    "speedup_w09_c010": 3.381, "speedup_w09_c025": 2.367,
-    "speedup_w0_c010": 2.080, "speedup_w0_c025": 1.456,
-    "pairs_seen": 324, "acceptance_gap_bound": 0.004, "tokens_gap_bound": 0.01,
+    "sampling_max_gap": 0.00076,
+    "one_token_max_gap": 0.00146,
+    "joint_tv": 0.01523,
+    "alpha_w0": 0.726,
+    "tokens_w0": 2.92,
+    "tokens_w1": 5.0,
+    "tokens_w09": 4.7336,
+    "speedup_w09_c010": 3.381,
+    "speedup_w09_c025": 2.367,
+    "speedup_w0_c010": 2.080,
+    "speedup_w0_c025": 1.456,
+    "pairs_seen": 324,
+    "acceptance_gap_bound": 0.004,
+    "tokens_gap_bound": 0.01,
 }
 
 # Measured α of real draft/target pairs, Leviathan et al. Table 3 (temperature 0, temperature 1).
 REAL_PAIR_ALPHAS = [
-    ("GPT-like 97M", "unigram", 0.03, 0.03), ("GPT-like 97M", "bigram", 0.05, 0.05),
+    ("GPT-like 97M", "unigram", 0.03, 0.03),
+    ("GPT-like 97M", "bigram", 0.05, 0.05),
     ("GPT-like 97M", "GPT-like 6M", 0.88, 0.89),
-    ("T5-XXL EnDe", "unigram", 0.08, 0.07), ("T5-XXL EnDe", "bigram", 0.20, 0.19),
-    ("T5-XXL EnDe", "T5-small", 0.75, 0.62), ("T5-XXL EnDe", "T5-base", 0.80, 0.68),
+    ("T5-XXL EnDe", "unigram", 0.08, 0.07),
+    ("T5-XXL EnDe", "bigram", 0.20, 0.19),
+    ("T5-XXL EnDe", "T5-small", 0.75, 0.62),
+    ("T5-XXL EnDe", "T5-base", 0.80, 0.68),
     ("T5-XXL EnDe", "T5-large", 0.82, 0.71),
-    ("T5-XXL CNNDM", "unigram", 0.13, 0.08), ("T5-XXL CNNDM", "bigram", 0.23, 0.16),
-    ("T5-XXL CNNDM", "T5-small", 0.65, 0.53), ("T5-XXL CNNDM", "T5-base", 0.73, 0.55),
+    ("T5-XXL CNNDM", "unigram", 0.13, 0.08),
+    ("T5-XXL CNNDM", "bigram", 0.23, 0.16),
+    ("T5-XXL CNNDM", "T5-small", 0.65, 0.53),
+    ("T5-XXL CNNDM", "T5-base", 0.73, 0.55),
     ("T5-XXL CNNDM", "T5-large", 0.74, 0.56),
-    ("LaMDA 137B", "LaMDA 100M", 0.61, 0.57), ("LaMDA 137B", "LaMDA 2B", 0.71, 0.71),
+    ("LaMDA 137B", "LaMDA 100M", 0.61, 0.57),
+    ("LaMDA 137B", "LaMDA 2B", 0.71, 0.71),
     ("LaMDA 137B", "LaMDA 8B", 0.75, 0.74),
 ]
 
 # Leviathan et al. Table 1 (c = ĉ = 0): (α, γ) -> (increase in operations, speed) as printed.
-TABLE1 = {(0.6, 2): (1.53, 1.96), (0.7, 3): (1.58, 2.53), (0.8, 2): (1.23, 2.44),
-          (0.8, 5): (1.63, 3.69), (0.9, 2): (1.11, 2.71), (0.9, 10): (1.60, 6.86)}
+TABLE1 = {
+    (0.6, 2): (1.53, 1.96),
+    (0.7, 3): (1.58, 2.53),
+    (0.8, 2): (1.23, 2.44),
+    (0.8, 5): (1.63, 3.69),
+    (0.9, 2): (1.11, 2.71),
+    (0.9, 10): (1.60, 6.86),
+}
 
 # Speedups other systems report for themselves (each cited in chapter 5): (system, draft, claim).
 REPORTED_SYSTEMS = [
@@ -906,11 +951,18 @@ REPORTED_SYSTEMS = [
     ("Medusa-1 / Medusa-2", "extra decoding heads, tree attention", "over 2.2× / 2.3–3.6×"),
     ("EAGLE (LLaMA2-Chat 70B)", "drafting on the target's features", "2.7–3.5× latency"),
     ("Draft & Verify (LLaMA-2)", "the target with layers skipped", "up to 1.99×"),
-    ("Lookahead decoding", "n-grams from the target itself, no draft model",
-     "up to 1.8× (MT-bench), up to 4× (multi-GPU code)"),
+    (
+        "Lookahead decoding",
+        "n-grams from the target itself, no draft model",
+        "up to 1.8× (MT-bench), up to 4× (multi-GPU code)",
+    ),
     ("gpt-fast", "CodeLlama-7B for CodeLlama-34B", "about 2× tokens/s"),
     ("gpt-fast", "TinyLlama-1B for Llama-7B", "about 1.3× tokens/s"),
-    ("vLLM, low load", "draft model (ShareGPT) / n-gram (CNN/DailyMail)", "up to 1.5× / up to 2.8×"),
+    (
+        "vLLM, low load",
+        "draft model (ShareGPT) / n-gram (CNN/DailyMail)",
+        "up to 1.5× / up to 2.8×",
+    ),
     ("vLLM, high load", "the same", "slower than without speculation"),
 ]
 
@@ -921,10 +973,20 @@ REPORTED_SYSTEMS = [
 
 OKABE_ITO = ["#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#F0E442", "#000000"]
 BOOK_STYLE = {
-    "figure.figsize": (7.5, 3.6), "figure.dpi": 110, "savefig.dpi": 150,
-    "savefig.bbox": "tight", "font.size": 10, "axes.titlesize": 11, "axes.labelsize": 10,
-    "axes.spines.top": False, "axes.spines.right": False, "axes.grid": True,
-    "grid.alpha": 0.3, "legend.frameon": False, "legend.fontsize": 9, "svg.hashsalt": "exact-by-construction",
+    "figure.figsize": (7.5, 3.6),
+    "figure.dpi": 110,
+    "savefig.dpi": 150,
+    "savefig.bbox": "tight",
+    "font.size": 10,
+    "axes.titlesize": 11,
+    "axes.labelsize": 10,
+    "axes.spines.top": False,
+    "axes.spines.right": False,
+    "axes.grid": True,
+    "grid.alpha": 0.3,
+    "legend.frameon": False,
+    "legend.fontsize": 9,
+    "svg.hashsalt": "exact-by-construction",
     "axes.prop_cycle": __import__("cycler").cycler(color=OKABE_ITO),
 }
 
@@ -959,8 +1021,15 @@ def plot_target_heatmap():
     fig, ax = _new_figure(figsize=(7.5, 6.4))
     image = ax.imshow(P_MATRIX, cmap="viridis")
     for (i, j), prob in np.ndenumerate(P_MATRIX):
-        ax.text(j, i, f"{prob:.2f}"[1:], ha="center", va="center", fontsize=6.5,
-                color="white" if prob < 0.5 * P_MATRIX.max() else "black")
+        ax.text(
+            j,
+            i,
+            f"{prob:.2f}"[1:],
+            ha="center",
+            va="center",
+            fontsize=6.5,
+            color="white" if prob < 0.5 * P_MATRIX.max() else "black",
+        )
     _token_axis(ax)
     _token_axis(ax, CONTEXTS, axis="y")
     ax.grid(False)
@@ -975,11 +1044,18 @@ def plot_draft_mixture(ctx="t", weights=(0.0, 0.3, 0.7, 1.0)):
     x, width = np.arange(V), 0.8 / len(weights)
     for i, w in enumerate(weights):
         label = f"w = {w:g}" + {0.0: " (unigram q0)", 1.0: " (target p)"}.get(w, "")
-        ax.bar(x + (i - (len(weights) - 1) / 2) * width, draft_matrix(w)[CONTEXT_INDEX[ctx]],
-               width, label=label)
+        ax.bar(
+            x + (i - (len(weights) - 1) / 2) * width,
+            draft_matrix(w)[CONTEXT_INDEX[ctx]],
+            width,
+            label=label,
+        )
     _token_axis(ax)
-    ax.set(xlabel="token x", ylabel=f"q_w(x | {show_token(ctx)})",
-           title=f"The draft after context '{show_token(ctx)}' as w moves from 0 to 1")
+    ax.set(
+        xlabel="token x",
+        ylabel=f"q_w(x | {show_token(ctx)})",
+        title=f"The draft after context '{show_token(ctx)}' as w moves from 0 to 1",
+    )
     _legend_on_top(ax)
     return fig
 
@@ -1007,8 +1083,11 @@ def plot_two_paths(ctx="t", w=0.3):
     ax.plot(x, p, "_", color="black", markersize=16, markeredgewidth=2, label="p (target)")
     ax.plot(x, q, "o", color=OKABE_ITO[4], markersize=4, label="q (draft)")
     _token_axis(ax)
-    ax.set(xlabel="token x", ylabel="probability",
-           title=f"Two paths to each token after '{show_token(ctx)}' (w = {w:g})")
+    ax.set(
+        xlabel="token x",
+        ylabel="probability",
+        title=f"Two paths to each token after '{show_token(ctx)}' (w = {w:g})",
+    )
     _legend_on_top(ax)
     return fig
 
@@ -1022,8 +1101,11 @@ def plot_joint_difference(comparison):
     _token_axis(ax)
     _token_axis(ax, axis="y")
     ax.grid(False)
-    ax.set(xlabel="second token x₂", ylabel="first token x₁",
-           title="Empirical − exact joint, first two tokens from BOS")
+    ax.set(
+        xlabel="second token x₂",
+        ylabel="first token x₁",
+        title="Empirical − exact joint, first two tokens from BOS",
+    )
     fig.colorbar(image, ax=ax, shrink=0.8, label="difference in probability")
     return fig
 
@@ -1035,10 +1117,15 @@ def plot_controls(rows, noise_q95):
     tvs = [r["sampled TV"] for r in rows]
     colours = [OKABE_ITO[2] if r["passes"] else OKABE_ITO[3] for r in rows]
     ax.barh(names, tvs, color=colours)
-    ax.axvline(noise_q95, color="black", linestyle="--", label="95th percentile of TV from noise alone")
+    ax.axvline(
+        noise_q95, color="black", linestyle="--", label="95th percentile of TV from noise alone"
+    )
     ax.invert_yaxis()
-    ax.set(xlabel="total variation to the target joint", ylabel="verifier",
-           title="The same test on the correct rule and on four broken ones")
+    ax.set(
+        xlabel="total variation to the target joint",
+        ylabel="verifier",
+        title="The same test on the correct rule and on four broken ones",
+    )
     ax.legend(loc="lower right")
     return fig
 
@@ -1048,9 +1135,16 @@ def plot_alpha_vs_w(sweep):
     fig, ax = _new_figure()
     grid = np.linspace(0, 1, 101)
     ax.plot(grid, [alpha_exact(w) for w in grid], color=OKABE_ITO[0], label="exact α(w)")
-    ax.plot(list(sweep), [t.acceptance_rate for t in sweep.values()], "o", color=OKABE_ITO[3],
-            label="measured: accepted / ratio tests")
-    ax.set(xlabel="draft weight w", ylabel="acceptance rate α", title="Acceptance against draft weight")
+    ax.plot(
+        list(sweep),
+        [t.acceptance_rate for t in sweep.values()],
+        "o",
+        color=OKABE_ITO[3],
+        label="measured: accepted / ratio tests",
+    )
+    ax.set(
+        xlabel="draft weight w", ylabel="acceptance rate α", title="Acceptance against draft weight"
+    )
     ax.legend()
     return fig
 
@@ -1062,10 +1156,19 @@ def plot_tokens_vs_w(sweep, gamma=4, gammas=(1, 2, 3, 4, 6, 8)):
     alphas = [min(alpha_exact(w), 1.0) for w in grid]
     for g in gammas:
         ax.plot(grid, [expected_tokens(a, g) for a in alphas], label=f"γ = {g}")
-    ax.plot(list(sweep), [t.tokens_per_step for t in sweep.values()], "o", color="black",
-            markersize=5, label=f"measured, γ = {gamma}")
-    ax.set(xlabel="draft weight w", ylabel="tokens per target call",
-           title="Tokens per target call against draft weight (Eq. 1)")
+    ax.plot(
+        list(sweep),
+        [t.tokens_per_step for t in sweep.values()],
+        "o",
+        color="black",
+        markersize=5,
+        label=f"measured, γ = {gamma}",
+    )
+    ax.set(
+        xlabel="draft weight w",
+        ylabel="tokens per target call",
+        title="Tokens per target call against draft weight (Eq. 1)",
+    )
     ax.legend(ncol=2)
     return fig
 
@@ -1076,10 +1179,18 @@ def plot_tokens_vs_gamma(weights=(0.0, 0.5, 0.9, 1.0), max_gamma=10):
     gammas = np.arange(max_gamma + 1)
     for w in weights:
         a = min(alpha_exact(w), 1.0)
-        ax.plot(gammas, [expected_tokens(a, int(g)) for g in gammas], "o-", markersize=4,
-                label=f"w = {w:g} (α = {a:.3f})")
-    ax.set(xlabel="draft tokens per step γ", ylabel="tokens per target call",
-           title="More drafts help only as far as the draft agrees")
+        ax.plot(
+            gammas,
+            [expected_tokens(a, int(g)) for g in gammas],
+            "o-",
+            markersize=4,
+            label=f"w = {w:g} (α = {a:.3f})",
+        )
+    ax.set(
+        xlabel="draft tokens per step γ",
+        ylabel="tokens per target call",
+        title="More drafts help only as far as the draft agrees",
+    )
     ax.legend()
     return fig
 
@@ -1091,8 +1202,11 @@ def plot_expected_tokens_vs_alpha(gammas=(1, 2, 3, 5, 7, 10)):
     for g in gammas:
         ax.plot(grid, [expected_tokens(a, g) for a in grid], label=f"γ = {g}")
     ax.axvspan(alpha_exact(0), 1, color="grey", alpha=0.15, label="this toy: α(0) to α(1)")
-    ax.set(xlabel="α", ylabel="expected tokens per step",
-           title="Expected tokens per step against α (after Leviathan et al., Fig. 2)")
+    ax.set(
+        xlabel="α",
+        ylabel="expected tokens per step",
+        title="Expected tokens per step against α (after Leviathan et al., Fig. 2)",
+    )
     ax.legend(ncol=2)
     return fig
 
@@ -1104,12 +1218,22 @@ def plot_speedup_vs_w(sweep, gamma=4, costs=(0.0, 0.05, 0.1, 0.25, 0.5)):
     alphas = [min(alpha_exact(w), 1.0) for w in grid]
     for i, c in enumerate(costs):
         colour = OKABE_ITO[i]
-        ax.plot(grid, [walltime_speedup(a, gamma, c) for a in alphas], color=colour, label=f"c = {c:g}")
-        ax.plot(list(sweep), [t.tokens_per_step / (gamma * c + 1) for t in sweep.values()], "o",
-                color=colour, markersize=4)
+        ax.plot(
+            grid, [walltime_speedup(a, gamma, c) for a in alphas], color=colour, label=f"c = {c:g}"
+        )
+        ax.plot(
+            list(sweep),
+            [t.tokens_per_step / (gamma * c + 1) for t in sweep.values()],
+            "o",
+            color=colour,
+            markersize=4,
+        )
     ax.axhline(1, color="black", linewidth=0.8)
-    ax.set(xlabel="draft weight w", ylabel="projected walltime speedup",
-           title=f"Projected speedup, γ = {gamma} (Theorem 3.8; markers from measured tokens)")
+    ax.set(
+        xlabel="draft weight w",
+        ylabel="projected walltime speedup",
+        title=f"Projected speedup, γ = {gamma} (Theorem 3.8; markers from measured tokens)",
+    )
     ax.legend(ncol=3)
     return fig
 
@@ -1123,14 +1247,19 @@ def plot_speedup_heatmap(max_gamma=30):
     tokens = np.cumsum(alphas[None, :] ** gammas[:, None], axis=0)  # (G, A): Eq. (1), sum form
     best = (tokens[None] / (gammas[None, :, None] * costs[:, None, None] + 1)).max(axis=1)  # (C, A)
     fig, ax = _new_figure(figsize=(7.5, 4.8))
-    image = ax.pcolormesh(alphas, costs, best, cmap="magma_r", shading="auto",
-                          norm=LogNorm(vmin=1, vmax=best.max()))
-    levels = ax.contour(alphas, costs, best, levels=[1.25, 1.5, 2, 3, 5, 10], colors="white",
-                        linewidths=0.8)
+    image = ax.pcolormesh(
+        alphas, costs, best, cmap="magma_r", shading="auto", norm=LogNorm(vmin=1, vmax=best.max())
+    )
+    levels = ax.contour(
+        alphas, costs, best, levels=[1.25, 1.5, 2, 3, 5, 10], colors="white", linewidths=0.8
+    )
     ax.clabel(levels, fmt="%g×", fontsize=8)
     ax.plot([0, 0.99], [0, 0.99], "--", color=OKABE_ITO[5], label="α = c (Corollary 3.9)")
-    ax.set(xlabel="α", ylabel="cost ratio c",
-           title="Best projected speedup over γ ≤ 30 (palest: 1×, no gain)")
+    ax.set(
+        xlabel="α",
+        ylabel="cost ratio c",
+        title="Best projected speedup over γ ≤ 30 (palest: 1×, no gain)",
+    )
     ax.grid(False)
     ax.legend(loc="upper left")
     fig.colorbar(image, ax=ax, label="speedup (log scale)")
@@ -1143,8 +1272,11 @@ def plot_optimal_gamma(costs=(0.01, 0.02, 0.05, 0.1, 0.2, 0.5)):
     grid = np.linspace(0, 0.99, 199)
     for c in costs:
         ax.step(grid, [optimal_gamma(a, c) for a in grid], where="post", label=f"c = {c:g}")
-    ax.set(xlabel="α", ylabel="optimal γ",
-           title="Optimal number of draft tokens (after Leviathan et al., Fig. 3)")
+    ax.set(
+        xlabel="α",
+        ylabel="optimal γ",
+        title="Optimal number of draft tokens (after Leviathan et al., Fig. 3)",
+    )
     ax.legend(ncol=2)
     return fig
 
@@ -1173,7 +1305,12 @@ def plot_real_pairs():
     ax.plot([r[3] for r in REAL_PAIR_ALPHAS], y, "s", color=OKABE_ITO[1], label="temperature 1")
     ax.set_yticks(y, labels)
     ax.invert_yaxis()
-    ax.set(xlim=(0, 1), xlabel="α", ylabel="target ← draft", title="Real pairs (Leviathan et al., Table 3) and this toy")
+    ax.set(
+        xlim=(0, 1),
+        xlabel="α",
+        ylabel="target ← draft",
+        title="Real pairs (Leviathan et al., Table 3) and this toy",
+    )
     ax.legend(loc="lower left")
     return fig
 
@@ -1190,8 +1327,11 @@ def plot_panel(w=0.9, gamma=4, c=0.1):
     right.plot(costs, [walltime_speedup(alpha, gamma, x) for x in costs])
     right.plot([c], [walltime_speedup(alpha, gamma, c)], "o", color=OKABE_ITO[3], markersize=9)
     right.axhline(1, color="black", linewidth=0.8)
-    right.set(xlabel="cost ratio c", ylabel="projected speedup",
-              title=f"γ = {gamma}, c = {c:g}: {walltime_speedup(alpha, gamma, c):.2f}×")
+    right.set(
+        xlabel="cost ratio c",
+        ylabel="projected speedup",
+        title=f"γ = {gamma}, c = {c:g}: {walltime_speedup(alpha, gamma, c):.2f}×",
+    )
     return fig
 
 
@@ -1201,30 +1341,40 @@ def widget_panel():
     import matplotlib.pyplot as plt
     from IPython.display import display
 
-    sliders = {"w": widgets.FloatSlider(value=0.9, min=0, max=1, step=0.05, description="w"),
-               "gamma": widgets.IntSlider(value=4, min=0, max=10, description="γ"),
-               "c": widgets.FloatSlider(value=0.1, min=0, max=1, step=0.01, description="c")}
+    sliders = {
+        "w": widgets.FloatSlider(value=0.9, min=0, max=1, step=0.05, description="w"),
+        "gamma": widgets.IntSlider(value=4, min=0, max=10, description="γ"),
+        "c": widgets.FloatSlider(value=0.1, min=0, max=1, step=0.01, description="c"),
+    }
 
     def redraw(**values):
         figure = plot_panel(**values)
         display(figure)
         plt.close(figure)
 
-    return widgets.VBox([widgets.HBox(list(sliders.values())),
-                         widgets.interactive_output(redraw, sliders)])
+    return widgets.VBox(
+        [widgets.HBox(list(sliders.values())), widgets.interactive_output(redraw, sliders)]
+    )
 
 
 # Every figure of the book, by name: `make figures` writes each one to figures/.
 FIGURES = {
     "ch1-target-heatmap": plot_target_heatmap,
     "ch1-draft-mixture": plot_draft_mixture,
-    "ch1-sampling-check": lambda: plot_comparison(sampling_check(), "200,000 draws after context 't'"),
+    "ch1-sampling-check": lambda: plot_comparison(
+        sampling_check(), "200,000 draws after context 't'"
+    ),
     "ch2-two-paths": plot_two_paths,
     "ch2-one-token-check": lambda: plot_comparison(
-        one_token_check(), "First token of 200,000 γ = 1 steps after 't' (w = 0.3)"),
+        one_token_check(), "First token of 200,000 γ = 1 steps after 't' (w = 0.3)"
+    ),
     "ch3-joint-difference": lambda: plot_joint_difference(joint_check()),
-    "ch3-controls": lambda: plot_controls(control_rows(), noise_reference(
-        joint_check().exact, N_DRAWS, np.random.default_rng(SEEDS["noise"]))["q95_tv"]),
+    "ch3-controls": lambda: plot_controls(
+        control_rows(),
+        noise_reference(joint_check().exact, N_DRAWS, np.random.default_rng(SEEDS["noise"]))[
+            "q95_tv"
+        ],
+    ),
     "ch4-alpha-vs-w": lambda: plot_alpha_vs_w(acceptance_sweep()),
     "ch4-tokens-vs-w": lambda: plot_tokens_vs_w(acceptance_sweep()),
     "ch4-tokens-vs-gamma": plot_tokens_vs_gamma,

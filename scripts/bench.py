@@ -47,39 +47,85 @@ def literal_sweep():
 
 N = sc.N_DRAWS
 WORKLOADS = [  # name, literal work, vectorised work, the vectorised work on a given rng
-    ("ch1 sampling check", lambda: [sc.autoregressive_sample(1, "t", RNG) for _ in range(N)],
-     sc.sampling_check, lambda rng: sc.sample_tokens(N, "t", rng)),
-    ("ch2 gamma = 1 check", lambda: [sc.speculative_step("t", 1, 0.3, RNG) for _ in range(N)],
-     sc.one_token_check, lambda rng: sc.simulate_prefixes(N, 1, 1, 0.3, "t", rng)),
-    ("ch3 two-token joint", lambda: [sc.speculative_generate(2, 2, 0.3, sc.BOS, RNG) for _ in range(N)],
-     sc.joint_check, lambda rng: sc.simulate_prefixes(N, 2, 2, 0.3, sc.BOS, rng)),
-    ("ch4 sweep, 11 x 200,000 tokens", literal_sweep, sc.acceptance_sweep,
-     lambda rng: sc.simulate_generation(200, 1000, 4, sc.SWEEP_WEIGHTS, rng)),
+    (
+        "ch1 sampling check",
+        lambda: [sc.autoregressive_sample(1, "t", RNG) for _ in range(N)],
+        sc.sampling_check,
+        lambda rng: sc.sample_tokens(N, "t", rng),
+    ),
+    (
+        "ch2 gamma = 1 check",
+        lambda: [sc.speculative_step("t", 1, 0.3, RNG) for _ in range(N)],
+        sc.one_token_check,
+        lambda rng: sc.simulate_prefixes(N, 1, 1, 0.3, "t", rng),
+    ),
+    (
+        "ch3 two-token joint",
+        lambda: [sc.speculative_generate(2, 2, 0.3, sc.BOS, RNG) for _ in range(N)],
+        sc.joint_check,
+        lambda rng: sc.simulate_prefixes(N, 2, 2, 0.3, sc.BOS, rng),
+    ),
+    (
+        "ch4 sweep, 11 x 200,000 tokens",
+        literal_sweep,
+        sc.acceptance_sweep,
+        lambda rng: sc.simulate_generation(200, 1000, 4, sc.SWEEP_WEIGHTS, rng),
+    ),
 ]
-CONTROLS = ("ch3 four broken verifiers", lambda: [sc.joint_check(r) for r in sc.BROKEN_RULES.values()],
-            lambda rng: [sc.simulate_prefixes(N, 2, 2, 0.3, sc.BOS, rng, r) for r in sc.BROKEN_RULES.values()])
+CONTROLS = (
+    "ch3 four broken verifiers",
+    lambda: [sc.joint_check(r) for r in sc.BROKEN_RULES.values()],
+    lambda rng: [
+        sc.simulate_prefixes(N, 2, 2, 0.3, sc.BOS, rng, r) for r in sc.BROKEN_RULES.values()
+    ],
+)
 RNG = np.random.default_rng(0)
+
+
+def line(name, draws, literal, fast, floor):
+    """One row of the table; None leaves a cell blank."""
+    cells = [
+        f"{draws:>10,}" if draws else " " * 10,
+        f"{literal:>10.2f}" if literal else " " * 10,
+        f"{fast:>8.3f}",
+        f"{literal / fast:>7.0f}" if literal else " " * 7,
+        f"{floor:>8.3f}",
+        f"{fast / floor:>10.1f}",
+    ]
+    return f"{name:34} " + " ".join(cells)
 
 
 def main():
     """Print one row per workload, then the totals."""
-    print(f"{'workload':34} {'draws':>10} {'literal s':>10} {'fast s':>8} {'ratio':>7} {'floor s':>8} {'fast/floor':>10}")
+    header = ["draws", "literal s", "fast s", "ratio", "floor s", "fast/floor"]
+    widths = [10, 10, 8, 7, 8, 10]
+    print(f"{'workload':34} " + " ".join(f"{h:>{w}}" for h, w in zip(header, widths)))
     totals = np.zeros(3)
     for name, literal, fast, on_rng in WORKLOADS:
         n_uniforms = uniforms_used(on_rng)
-        row = np.array([seconds(literal, repeats=1), seconds(fast),
-                        seconds(lambda n=n_uniforms: np.random.default_rng(1).random(n))])
+        row = np.array(
+            [
+                seconds(literal, repeats=1),
+                seconds(fast),
+                seconds(lambda n=n_uniforms: np.random.default_rng(1).random(n)),
+            ]
+        )
         totals += row
-        print(f"{name:34} {N:>10,} {row[0]:>10.2f} {row[1]:>8.3f} {row[0] / row[1]:>7.0f} {row[2]:>8.3f} {row[1] / row[2]:>10.1f}")
+        print(line(name, N, *row))
     name, fast, on_rng = CONTROLS
     n_uniforms = uniforms_used(on_rng)
-    controls = np.array([seconds(fast), seconds(lambda: np.random.default_rng(1).random(n_uniforms))])
-    print(f"{name:34} {4 * N:>10,} {'':>10} {controls[0]:>8.3f} {'':>7} {controls[1]:>8.3f} {controls[0] / controls[1]:>10.1f}")
-    print(f"{'the article workloads, total':34} {'':>10} {totals[0]:>10.2f} {totals[1]:>8.3f} "
-          f"{totals[0] / totals[1]:>7.0f} {totals[2]:>8.3f} {totals[1] / totals[2]:>10.1f}")
-    book_fast, book_floor = totals[1] + controls[0], totals[2] + controls[1]
-    print(f"{'the whole book, with controls':34} {'':>10} {'':>10} {book_fast:>8.3f} {'':>7} "
-          f"{book_floor:>8.3f} {book_fast / book_floor:>10.1f}")
+    controls = [seconds(fast), seconds(lambda: np.random.default_rng(1).random(n_uniforms))]
+    print(line(name, 4 * N, None, *controls))
+    print(line("the article workloads, total", None, *totals))
+    print(
+        line(
+            "the whole book, with controls",
+            None,
+            None,
+            totals[1] + controls[0],
+            totals[2] + controls[1],
+        )
+    )
 
 
 if __name__ == "__main__":

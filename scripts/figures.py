@@ -15,7 +15,9 @@ def main(folder):
     for name, build in sc.FIGURES.items():
         figure = build()
         for suffix in ("png", "svg"):
-            figure.savefig(folder / f"{name}.{suffix}", metadata={"Date": None} if suffix == "svg" else None)
+            figure.savefig(
+                folder / f"{name}.{suffix}", metadata={"Date": None} if suffix == "svg" else None
+            )
         plt.close(figure)
         print(f"{folder / name}.png and .svg")
 

@@ -48,8 +48,8 @@ def test_equation_one():
 
 
 def test_theorem_3_8_and_corollary_3_9():
-    assert sc.walltime_speedup(0.8, 5, 0) == pytest.approx((1 - 0.8 ** 6) / 0.2)
-    assert sc.walltime_speedup(0.5, 3, 0.1) == pytest.approx((1 - 0.5 ** 4) / (0.5 * 1.3))
+    assert sc.walltime_speedup(0.8, 5, 0) == pytest.approx((1 - 0.8**6) / 0.2)
+    assert sc.walltime_speedup(0.5, 3, 0.1) == pytest.approx((1 - 0.5**4) / (0.5 * 1.3))
     grid = np.linspace(0, 0.98, 50)
     for alpha in grid:
         for c in grid:
@@ -71,7 +71,9 @@ def test_chain_stats_edge_cases_and_closeness_to_equation_one():
     assert sc.chain_stats(0.3, 0).tokens_per_step == pytest.approx(1)
     for w in (0.0, 0.5, 0.9):
         chain = sc.chain_stats(w, 4)
-        assert chain.tokens_per_step == pytest.approx(sc.expected_tokens(sc.alpha_exact(w), 4), abs=2e-3)
+        assert chain.tokens_per_step == pytest.approx(
+            sc.expected_tokens(sc.alpha_exact(w), 4), abs=2e-3
+        )
         assert chain.acceptance_rate == pytest.approx(sc.alpha_exact(w), abs=2e-4)
 
 
@@ -97,17 +99,22 @@ def test_measured_sweep_within_sampling_noise():
         se_rate = np.sqrt(alpha * (1 - alpha) / run.tests) + 1e-12
         assert abs(run.acceptance_rate - chain.acceptance_rate) < 5 * se_rate
         counts = np.arange(1, 6)
-        probs = np.array([alpha ** (k - 1) * (1 - alpha) for k in range(1, 5)] + [alpha ** 4])
-        sd = np.sqrt(probs @ counts ** 2 - (probs @ counts) ** 2)
-        assert abs(run.tokens_per_step - chain.tokens_per_step) < 5 * sd / np.sqrt(run.steps) + 1e-12
+        probs = np.array([alpha ** (k - 1) * (1 - alpha) for k in range(1, 5)] + [alpha**4])
+        sd = np.sqrt(probs @ counts**2 - (probs @ counts) ** 2)
+        assert (
+            abs(run.tokens_per_step - chain.tokens_per_step) < 5 * sd / np.sqrt(run.steps) + 1e-12
+        )
 
 
 def test_sweep_negative_control():
     """The same tolerance rejects a sweep run through a verifier that accepts every draft."""
     alpha = sc.alpha_exact(0.3)
-    accept_all = sc.simulate_generation(200, 1000, 4, [0.3], np.random.default_rng(1),
-                                        sc.BROKEN_RULES["accept all"])[0.3]
-    assert abs(accept_all.acceptance_rate - alpha) > 5 * np.sqrt(alpha * (1 - alpha) / accept_all.tests)
+    accept_all = sc.simulate_generation(
+        200, 1000, 4, [0.3], np.random.default_rng(1), sc.BROKEN_RULES["accept all"]
+    )[0.3]
+    assert abs(accept_all.acceptance_rate - alpha) > 5 * np.sqrt(
+        alpha * (1 - alpha) / accept_all.tests
+    )
 
 
 @pytest.mark.parametrize(

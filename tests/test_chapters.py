@@ -18,8 +18,9 @@ CHAPTERS = sorted(p for p in (ROOT / "book").glob("*.md") if "kernelspec:" in p.
 
 def execute(notebook, folder):
     """Run every cell of notebook in folder; raises CellExecutionError on the first error."""
-    NotebookClient(notebook, timeout=600, kernel_name="python3",
-                   resources={"metadata": {"path": str(folder)}}).execute()
+    NotebookClient(
+        notebook, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(folder)}}
+    ).execute()
 
 
 def test_every_page_in_the_toc_exists_and_its_code_is_run_here():
@@ -37,8 +38,11 @@ def test_chapter_executes(chapter):
 
 def test_a_failing_cell_fails_execution(tmp_path):
     notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("1 / 0")])
-    notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
-                                       "language": "python"}
+    notebook.metadata["kernelspec"] = {
+        "name": "python3",
+        "display_name": "Python 3",
+        "language": "python",
+    }
     with pytest.raises(CellExecutionError):
         execute(notebook, tmp_path)
 
@@ -54,7 +58,11 @@ def test_a_failing_cell_fails_the_build(tmp_path):
         f"---\n{header}---\n\n# Broken\n\n```{{code-cell}} ipython3\nraise RuntimeError('x')\n```\n"
     )
     jupyter_book = Path(sys.executable).with_name("jupyter-book")
-    result = subprocess.run([str(jupyter_book), "build", str(tmp_path), "-W", "-n", "--keep-going"],
-                            capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        [str(jupyter_book), "build", str(tmp_path), "-W", "-n", "--keep-going"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode != 0
     assert "RuntimeError" in result.stdout + result.stderr

@@ -1,4 +1,4 @@
-"""The vectorised engine: `verify` on any distributions, and its agreement with the literal loops."""
+"""The vectorised engine: `verify` on any distributions, and agreement with the literal loops."""
 
 import warnings
 
@@ -25,7 +25,13 @@ def batch(rng, size, gamma, vocab, zeros=False):
     p = random_rows(rng, (gamma + 1, vocab), zeros)
     q = random_rows(rng, (gamma, vocab), zeros)
     tokens = np.stack([rng.choice(vocab, size=size, p=q[i]) for i in range(gamma)], axis=1)
-    return p, q, np.broadcast_to(p, (size, gamma + 1, vocab)), np.broadcast_to(q, (size, gamma, vocab)), tokens
+    return (
+        p,
+        q,
+        np.broadcast_to(p, (size, gamma + 1, vocab)),
+        np.broadcast_to(q, (size, gamma, vocab)),
+        tokens,
+    )
 
 
 def outcome_law(p, q):
@@ -37,11 +43,15 @@ def outcome_law(p, q):
     gamma = len(q)
     beta = np.minimum(p[:gamma], q).sum(axis=1)
     reach = np.concatenate([[1.0], np.cumprod(beta)])  # P(first k drafts kept)
-    law = np.vstack([reach[k] * np.maximum(p[k] - q[k], 0) for k in range(gamma)] + [reach[gamma] * p[gamma]])
+    law = np.vstack(
+        [reach[k] * np.maximum(p[k] - q[k], 0) for k in range(gamma)] + [reach[gamma] * p[gamma]]
+    )
     return law
 
 
-@pytest.mark.parametrize("vocab, gamma, zeros", [(5, 1, False), (12, 3, True), (30, 5, False), (50, 2, True)])
+@pytest.mark.parametrize(
+    "vocab, gamma, zeros", [(5, 1, False), (12, 3, True), (30, 5, False), (50, 2, True)]
+)
 def test_verify_reproduces_the_exact_outcome_law(vocab, gamma, zeros):
     rng = np.random.default_rng(vocab * 10 + gamma)
     p, q, target, draft, tokens = batch(rng, 200_000, gamma, vocab, zeros)
@@ -54,8 +64,12 @@ def test_verify_reproduces_the_exact_outcome_law(vocab, gamma, zeros):
     kept = law > 0
     assert sc.chi_square_p_value(counts[kept], law[kept] / law[kept].sum()) > P_PASS
     # negative control: the law with the residual replaced by p (a broken verifier) is rejected
-    wrong = np.vstack([outcome_law(p, q)[:gamma].sum(axis=1, keepdims=True) * p[:gamma],
-                       outcome_law(p, q)[gamma:]]).ravel()
+    wrong = np.vstack(
+        [
+            outcome_law(p, q)[:gamma].sum(axis=1, keepdims=True) * p[:gamma],
+            outcome_law(p, q)[gamma:],
+        ]
+    ).ravel()
     assert sc.chi_square_p_value(counts[kept], wrong[kept] / wrong[kept].sum()) < P_REJECT
 
 
@@ -64,7 +78,7 @@ def test_the_emitted_tokens_are_the_kept_draft_then_one_more():
     _, _, target, draft, tokens = batch(rng, 1000, 4, 9)
     accepted, emitted = sc.verify(target, draft, tokens, rng)
     for n, row, drafted in zip(accepted, emitted, tokens):
-        assert (row[:n] == drafted[:n]).all() and 0 <= row[n] < 9 and (row[n + 1:] == -1).all()
+        assert (row[:n] == drafted[:n]).all() and 0 <= row[n] < 9 and (row[n + 1 :] == -1).all()
 
 
 def test_identical_target_and_draft_accept_everything_without_warnings():
@@ -124,8 +138,12 @@ def test_read_only_and_broadcast_inputs():
 def test_gamma_zero_is_a_plain_draw_from_p():
     rng = np.random.default_rng(5)
     p = random_rows(rng, (1, 7))
-    accepted, emitted = sc.verify(np.broadcast_to(p, (100_000, 1, 7)), np.zeros((100_000, 0, 7)),
-                                  np.zeros((100_000, 0), dtype=int), rng)
+    accepted, emitted = sc.verify(
+        np.broadcast_to(p, (100_000, 1, 7)),
+        np.zeros((100_000, 0, 7)),
+        np.zeros((100_000, 0), dtype=int),
+        rng,
+    )
     assert (accepted == 0).all()
     assert sc.chi_square_p_value(np.bincount(emitted[:, 0], minlength=7), p[0]) > P_PASS
 
@@ -190,12 +208,14 @@ def test_row_sampler_draws_each_row_law():
         counts = np.bincount(draws, minlength=11)
         assert counts[table[row] == 0].sum() == 0
         kept = table[row] > 0
-        assert sc.chi_square_p_value(counts[kept], table[row][kept] / table[row][kept].sum()) > P_PASS
+        assert (
+            sc.chi_square_p_value(counts[kept], table[row][kept] / table[row][kept].sum()) > P_PASS
+        )
 
 
 def test_generation_totals_are_consistent():
     totals = sc.simulate_generation(50, 100, 3, [0.0, 1.0], np.random.default_rng(8))
-    for w, run in totals.items():
+    for run in totals.values():
         assert run.tokens >= 50 * 100 and run.tokens == run.steps + run.accepted
         assert run.tests <= 3 * run.steps
     assert totals[1.0].acceptance_rate == 1.0 and totals[1.0].tokens_per_step == 4.0

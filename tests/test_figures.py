@@ -1,4 +1,4 @@
-"""Every figure: produced by code, labelled, reproducible, and placed with a caption, name and alt."""
+"""Every figure: made by code, labelled, reproducible, placed with a caption, name and alt."""
 
 import io
 import re
@@ -56,5 +56,9 @@ def test_every_placed_figure_has_a_name_alt_text_and_caption(chapter):
 
 
 def test_the_figure_check_can_fail():
-    assert glue_figure_blocks("```{glue:figure} f\n:name: fig-f\n\nA caption long enough here.\n```")[0][1] \
+    assert (
+        glue_figure_blocks("```{glue:figure} f\n:name: fig-f\n\nA caption long enough here.\n```")[
+            0
+        ][1]
         == ":name: fig-f\n"
+    )

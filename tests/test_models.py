@@ -19,8 +19,13 @@ def test_target_is_the_add_one_bigram():
     # recount every pair straight from the corpus, independently of the core's loop
     for ctx in sc.CONTEXTS:
         counts = sc.BIGRAM_COUNTS[sc.CONTEXT_INDEX[ctx]]
-        expected = {tok: (1 + sum(1 for a, b in zip(sc.BOS + sc.CORPUS, sc.CORPUS)
-                                  if a == ctx and b == tok)) / counts.sum() for tok in sc.VOCAB}
+        expected = {
+            tok: (
+                1 + sum(1 for a, b in zip(sc.BOS + sc.CORPUS, sc.CORPUS) if a == ctx and b == tok)
+            )
+            / counts.sum()
+            for tok in sc.VOCAB
+        }
         assert sc.p_dist(ctx) == pytest.approx(expected, abs=1e-15)
     assert sc.P_MATRIX.sum(axis=1) == pytest.approx(np.ones(19))
 

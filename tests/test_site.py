@@ -1,6 +1,7 @@
 """The built site (`make` builds it first): self-contained, links intact, no local paths, and
 every page correct in a real browser (headless Chromium) with the network blocked."""
 
+import functools
 import os
 import re
 import shutil
@@ -21,7 +22,12 @@ pytestmark = pytest.mark.site
 
 def test_the_site_is_built():
     assert (SITE / "index.html").exists(), "run `make` (or `make test`) to build the site first"
-    assert {p.stem for p in CONTENT_PAGES} >= {"intro", "ch1_models", "ch5_walltime", "bibliography"}
+    assert {p.stem for p in CONTENT_PAGES} >= {
+        "intro",
+        "ch1_models",
+        "ch5_walltime",
+        "bibliography",
+    }
 
 
 # ---- links and anchors -------------------------------------------------------------------
@@ -40,13 +46,13 @@ def local_targets(page):
             yield value, target, parts.fragment
 
 
-def ids_of(page, cache={}):
+@functools.cache
+def ids_of(page):
     """Every id and name an anchor can point to in a page (cached)."""
-    if page not in cache:
-        soup = BeautifulSoup(page.read_text(encoding="utf-8"), "html.parser")
-        cache[page] = {e.get("id") for e in soup.find_all(id=True)} | {
-            e.get("name") for e in soup.find_all(attrs={"name": True})}
-    return cache[page]
+    soup = BeautifulSoup(page.read_text(encoding="utf-8"), "html.parser")
+    return {e.get("id") for e in soup.find_all(id=True)} | {
+        e.get("name") for e in soup.find_all(attrs={"name": True})
+    }
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(SITE)))
@@ -76,13 +82,19 @@ def test_each_chapter_offers_its_notebook():
 
 # ---- no absolute local paths -------------------------------------------------------------
 
-LOCAL_PATH = re.compile("|".join(map(re.escape, {str(ROOT), "/tmp/", "/home/", "/root/", "file:///"})))
+LOCAL_PATH = re.compile(
+    "|".join(map(re.escape, {str(ROOT), "/tmp/", "/home/", "/root/", "file:///"}))
+)
 
 
 def test_no_built_page_contains_an_absolute_local_path():
-    offenders = [str(p.relative_to(SITE)) for p in SITE.rglob("*")
-                 if p.suffix in {".html", ".ipynb", ".txt", ".md"} and "_static" not in p.parts
-                 and LOCAL_PATH.search(p.read_text(encoding="utf-8", errors="replace"))]
+    offenders = [
+        str(p.relative_to(SITE))
+        for p in SITE.rglob("*")
+        if p.suffix in {".html", ".ipynb", ".txt", ".md"}
+        and "_static" not in p.parts
+        and LOCAL_PATH.search(p.read_text(encoding="utf-8", errors="replace"))
+    ]
     assert not offenders, offenders
 
 
@@ -99,14 +111,25 @@ def browser():
     if CHROMIUM is None:
         if os.environ.get("REQUIRE_BROWSER"):
             pytest.fail("REQUIRE_BROWSER is set but chromium is not installed")
-        pytest.skip("SKIPPED the browser test: chromium is not installed (apt-get install chromium)")
+        pytest.skip(
+            "SKIPPED the browser test: chromium is not installed (apt-get install chromium)"
+        )
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as playwright:
         launched = playwright.chromium.launch(
-            executable_path=CHROMIUM, headless=True,
-            args=["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync"])
+            executable_path=CHROMIUM,
+            headless=True,
+            args=[
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-quic",
+                "--no-first-run",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+            ],
+        )
         yield launched
         launched.close()
 
@@ -127,13 +150,17 @@ def visit(browser, page_path):
     page.route("**/*", route)
     page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
     page.on("pageerror", lambda e: errors.append(str(e)))
-    page.on("requestfailed", lambda r: errors.append(f"failed: {r.url}")
-            if r.url.startswith("file://") else None)
+    page.on(
+        "requestfailed",
+        lambda r: errors.append(f"failed: {r.url}") if r.url.startswith("file://") else None,
+    )
     page.goto(page_path.as_uri(), wait_until="load")
     page.wait_for_function("() => !window.MathJax || (MathJax.startup && MathJax.startup.promise)")
     page.evaluate("() => window.MathJax ? MathJax.startup.promise : null")
-    page.evaluate("() => Promise.all([...document.images].map(i => { i.loading = 'eager'; "
-                  "return i.complete ? null : i.decode().catch(() => null); }))")
+    page.evaluate(
+        "() => Promise.all([...document.images].map(i => { i.loading = 'eager'; "
+        "return i.complete ? null : i.decode().catch(() => null); }))"
+    )
     result = page.evaluate("""() => ({
         images: [...document.images].map(i => [i.getAttribute('src'), i.naturalWidth]),
         math: document.querySelectorAll('.math').length,
@@ -158,8 +185,10 @@ def test_page_in_a_real_browser(browser, page_path):
 
 def test_the_browser_check_can_fail(browser, tmp_path):
     page = tmp_path / "bad.html"
-    page.write_text('<main><img src="missing.png"><img src="https://example.org/x.png">'
-                    '<span class="math">\\(x^2\\)</span><script>undefinedFunction()</script></main>')
+    page.write_text(
+        '<main><img src="missing.png"><img src="https://example.org/x.png">'
+        '<span class="math">\\(x^2\\)</span><script>undefinedFunction()</script></main>'
+    )
     result, outside, errors = visit(browser, page)
     assert outside == ["https://example.org/x.png"]
     assert errors and any(width == 0 for _, width in result["images"])
