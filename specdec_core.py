@@ -401,12 +401,12 @@ class RowSampler:
         self.threshold = np.concatenate(keep) + np.tile(
             np.arange(self.vocab), self.rows
         )  # j + keep[j]
-        self.alias = np.concatenate(alias).astype(np.int64)  # (R·V,)
+        self.alias = np.concatenate(alias).astype(np.int32)  # (R·V,)
 
     def __call__(self, rows, u):
         """One token from each table row in rows (B,), using the uniforms u (B,)."""
         scaled = u * self.vocab
-        column = scaled.astype(np.int64)  # uniform column j; its fractional part decides
+        column = scaled.astype(np.int32)  # uniform column j; its fractional part decides
         cell = rows * self.vocab + column
         return np.where(scaled < self.threshold[cell], column, self.alias[cell])
 
@@ -435,7 +435,7 @@ def toy_step(rows, gamma, models, rng, rule=EXACT_RULE):
     batch = len(rows)
     u = rng.random((gamma + 1, batch))  # one uniform per draft, one for the final draw
     block = rows - rows % len(CONTEXTS)  # first row of each chain's model
-    path = np.empty((batch, gamma + 1), dtype=np.int64)  # table row at each position
+    path = np.empty((batch, gamma + 1), dtype=np.int32)  # table row at each position
     path[:, 0] = rows
     for i in range(gamma):  # draft gamma tokens: token t is context row t + 1
         path[:, i + 1] = block + 1 + models.draft(path[:, i], u[i])
@@ -467,7 +467,7 @@ def simulate_prefixes(n_runs, k, gamma, w, ctx, rng, rule=EXACT_RULE):
     models = toy_models((w,), rule)
     out = np.full((n_runs, k), -1, dtype=np.int64)
     filled = np.zeros(n_runs, dtype=np.int64)
-    rows = np.full(n_runs, CONTEXT_INDEX[ctx])
+    rows = np.full(n_runs, CONTEXT_INDEX[ctx], dtype=np.int32)
     active = np.arange(n_runs) if k else np.arange(0)
     while active.size:
         accepted, draft, final = toy_step(rows[active], gamma, models, rng, rule)
@@ -518,7 +518,7 @@ def simulate_generation(n_chains, n_tokens, gamma, weights, rng, rule=EXACT_RULE
         _check_step_args(BOS, gamma, w)
     _check_rng(rng)
     models = toy_models(tuple(weights), rule)
-    model = np.repeat(np.arange(len(weights)), n_chains)  # (M·n_chains,) each chain's w
+    model = np.repeat(np.arange(len(weights), dtype=np.int32), n_chains)  # (M·n_chains,) each w
     block = model * len(CONTEXTS)
     rows = block.copy()  # every chain starts at BOS
     tokens, steps, full_steps = (np.zeros(len(rows), dtype=np.int64) for _ in range(3))

@@ -47,6 +47,7 @@ def literal_sweep():
 
 N = sc.N_DRAWS
 WORKLOADS = [  # name, literal work, vectorised work, the vectorised work on a given rng
+    # (the sweep's draws are tokens: 11 weights x 200,000)
     (
         "ch1 sampling check",
         lambda: [sc.autoregressive_sample(1, "t", RNG) for _ in range(N)],
@@ -111,7 +112,7 @@ def main():
             ]
         )
         totals += row
-        print(line(name, N, *row))
+        print(line(name, 11 * N if "sweep" in name else N, *row))
     name, fast, on_rng = CONTROLS
     n_uniforms = uniforms_used(on_rng)
     controls = [seconds(fast), seconds(lambda: np.random.default_rng(1).random(n_uniforms))]
