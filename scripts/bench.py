@@ -46,28 +46,31 @@ def literal_sweep():
 
 
 N = sc.N_DRAWS
-WORKLOADS = [  # name, literal work, vectorised work, the vectorised work on a given rng
-    # (the sweep's draws are tokens: 11 weights x 200,000)
+WORKLOADS = [  # name, draws, literal work, vectorised work, the vectorised work on a given rng
     (
         "ch1 sampling check",
+        N,
         lambda: [sc.autoregressive_sample(1, "t", RNG) for _ in range(N)],
         sc.sampling_check,
         lambda rng: sc.sample_tokens(N, "t", rng),
     ),
     (
         "ch2 gamma = 1 check",
+        N,
         lambda: [sc.speculative_step("t", 1, 0.3, RNG) for _ in range(N)],
         sc.one_token_check,
         lambda rng: sc.simulate_prefixes(N, 1, 1, 0.3, "t", rng),
     ),
     (
         "ch3 two-token joint",
+        N,
         lambda: [sc.speculative_generate(2, 2, 0.3, sc.BOS, RNG) for _ in range(N)],
         sc.joint_check,
         lambda rng: sc.simulate_prefixes(N, 2, 2, 0.3, sc.BOS, rng),
     ),
     (
         "ch4 sweep, 11 x 200,000 tokens",
+        len(sc.SWEEP_WEIGHTS) * N,
         literal_sweep,
         sc.acceptance_sweep,
         lambda rng: sc.simulate_generation(200, 1000, 4, sc.SWEEP_WEIGHTS, rng),
@@ -102,7 +105,7 @@ def main():
     widths = [10, 10, 8, 7, 8, 10]
     print(f"{'workload':34} " + " ".join(f"{h:>{w}}" for h, w in zip(header, widths)))
     totals = np.zeros(3)
-    for name, literal, fast, on_rng in WORKLOADS:
+    for name, draws, literal, fast, on_rng in WORKLOADS:
         n_uniforms = uniforms_used(on_rng)
         row = np.array(
             [
@@ -112,7 +115,7 @@ def main():
             ]
         )
         totals += row
-        print(line(name, 11 * N if "sweep" in name else N, *row))
+        print(line(name, draws, *row))
     name, fast, on_rng = CONTROLS
     n_uniforms = uniforms_used(on_rng)
     controls = [seconds(fast), seconds(lambda: np.random.default_rng(1).random(n_uniforms))]
