@@ -63,7 +63,7 @@ book/_notebooks/%.ipynb: book/%.md $(BIN)/.installed
 
 ## make lab: JupyterLab on the chapters; double-click a chapter to open it as a notebook
 lab: $(BIN)/.lab-installed
-	$(BIN)/jupyter lab --notebook-dir=book
+	$(BIN)/jupyter lab --notebook-dir=book $(if $(filter 0,$(shell id -u)),--allow-root)
 
 ## make bench: time the literal loops against the vectorised engine
 bench: $(BIN)/.installed

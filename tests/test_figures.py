@@ -62,3 +62,20 @@ def test_the_figure_check_can_fail():
         ][1]
         == ":name: fig-f\n"
     )
+
+
+def test_the_live_panel_has_three_sliders_and_redraws():
+    import ipywidgets
+
+    panel = sc.widget_panel()
+    sliders, output = panel.children
+    assert [s.description for s in sliders.children] == ["w", "γ", "c"]
+    assert isinstance(output, ipywidgets.Output)
+    sliders.children[0].value = 0.5  # moving a slider must not raise
+    plt.close("all")
+
+
+def test_the_panel_figure_reports_the_setting():
+    figure = sc.plot_panel(w=1.0, gamma=4, c=0.0)
+    assert figure.axes[1].get_title() == "γ = 4, c = 0: 5.00×"
+    plt.close(figure)
