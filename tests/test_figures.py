@@ -79,3 +79,10 @@ def test_the_panel_figure_reports_the_setting():
     figure = sc.plot_panel(w=1.0, gamma=4, c=0.0)
     assert figure.axes[1].get_title() == "γ = 4, c = 0: 5.00×"
     plt.close(figure)
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda p: p.stem)
+def test_every_figure_is_referred_to_in_the_text(chapter):
+    text = chapter.read_text()
+    for name in re.findall(r":name: (fig-[\w-]+)", text):
+        assert f"{{numref}}`{name}`" in text, f"{name} is never referred to"
