@@ -162,7 +162,7 @@ def visit(browser, page_path):
         "return i.complete ? null : i.decode().catch(() => null); }))"
     )
     result = page.evaluate("""() => ({
-        images: [...document.images].map(i => [i.getAttribute('src'), i.naturalWidth]),
+        images: [...document.images].map(i => [i.getAttribute('src'), i.naturalWidth, i.alt]),
         math: document.querySelectorAll('.math').length,
         typeset: document.querySelectorAll('.math mjx-container').length,
         rawTex: [...document.querySelectorAll('.math')].filter(e => /\\\\[(\\[]/.test(e.textContent)
@@ -178,7 +178,8 @@ def test_page_in_a_real_browser(browser, page_path):
     result, outside, errors = visit(browser, page_path)
     assert not outside, f"requests left the local site: {outside}"
     assert not errors, f"console errors: {errors}"
-    assert all(width > 0 for _, width in result["images"]), result["images"]
+    assert all(width > 0 for _, width, _ in result["images"]), result["images"]
+    assert all(len(alt) > 20 for _, _, alt in result["images"]), "an image without alt text"
     assert result["typeset"] == result["math"] and result["rawTex"] == 0
     assert not re.search(r"\\\(|\\\[|\$\$", result["text"]), "raw TeX left in the page"
 
@@ -191,5 +192,5 @@ def test_the_browser_check_can_fail(browser, tmp_path):
     )
     result, outside, errors = visit(browser, page)
     assert outside == ["https://example.org/x.png"]
-    assert errors and any(width == 0 for _, width in result["images"])
+    assert errors and any(width == 0 for _, width, _ in result["images"])
     assert result["rawTex"] == 1
