@@ -848,6 +848,7 @@ def chain_stats(w, gamma):
 N_DRAWS = 200_000
 SEEDS = {"sampling": 11, "one_token": 12, "joint": 13, "sweep": 14, "noise": 15}
 SWEEP_WEIGHTS = [round(0.1 * i, 1) for i in range(11)]
+SWEEP_CHAINS = 200  # independent chains per weight in the sweep
 
 
 def sampling_check(ctx="t", n_draws=N_DRAWS, seed=SEEDS["sampling"]):
@@ -868,7 +869,7 @@ def joint_check(rule=EXACT_RULE, n_draws=N_DRAWS, seed=SEEDS["joint"]):
     return compare(tokens, target_joint(2, BOS, exact=False))
 
 
-def acceptance_sweep(gamma=4, n_tokens=N_DRAWS, n_chains=200, seed=SEEDS["sweep"]):
+def acceptance_sweep(gamma=4, n_tokens=N_DRAWS, n_chains=SWEEP_CHAINS, seed=SEEDS["sweep"]):
     """{w: RunTotals} for w in SWEEP_WEIGHTS, each of n_tokens over n_chains chains from BOS."""
     per_chain = -(-n_tokens // n_chains)  # ceil: at least n_tokens in all
     rng = np.random.default_rng(seed)

@@ -73,7 +73,9 @@ WORKLOADS = [  # name, draws, literal work, vectorised work, the vectorised work
         len(sc.SWEEP_WEIGHTS) * N,
         literal_sweep,
         sc.acceptance_sweep,
-        lambda rng: sc.simulate_generation(200, 1000, 4, sc.SWEEP_WEIGHTS, rng),
+        lambda rng: sc.simulate_generation(
+            sc.SWEEP_CHAINS, sc.N_DRAWS // sc.SWEEP_CHAINS, 4, sc.SWEEP_WEIGHTS, rng
+        ),
     ),
 ]
 CONTROLS = (
