@@ -673,7 +673,10 @@ class Comparison(NamedTuple):
 
 def total_variation(a, b):
     """½·Σ|a − b|."""
-    return 0.5 * float(np.abs(np.asarray(a, float) - np.asarray(b, float)).sum())
+    a, b = np.asarray(a, float), np.asarray(b, float)
+    if a.shape != b.shape:
+        raise ValueError(f"a and b must have one shape, got {a.shape} and {b.shape}")
+    return 0.5 * float(np.abs(a - b).sum())
 
 
 def chi_square_p_value(counts, probs):
@@ -700,6 +703,11 @@ def compare(tokens, law):
 def noise_reference(probs, n, rng, reps=2000):
     """Mean and 95th percentile of max-gap and TV for n exact draws from probs (multinomial)."""
     probs = np.asarray(probs, float)
+    if probs.ndim != 1 or np.any(probs < 0) or abs(probs.sum() - 1) > 1e-9:
+        raise ValueError("probs must be a 1-D array of non-negative probabilities summing to 1")
+    _check_count(n, "n")
+    _check_count(reps, "reps")
+    _check_rng(rng)
     freq = rng.multinomial(n, probs, size=reps) / n  # (reps, K)
     gap = np.abs(freq - probs)
     max_gap, tv = gap.max(axis=1), 0.5 * gap.sum(axis=1)

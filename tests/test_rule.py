@@ -135,6 +135,15 @@ def test_total_variation_and_chi_square_helpers():
     assert sc.chi_square_p_value([50, 50], [0.5, 0.5]) == pytest.approx(1.0)
     with pytest.raises(ValueError, match="probs"):
         sc.chi_square_p_value([1, 2], [0.5, 0.6])
+    with pytest.raises(ValueError, match="one shape"):
+        sc.total_variation([0.5, 0.5], [1.0])
+    with pytest.raises(ValueError, match="probs"):
+        sc.noise_reference([0.5, 0.6], 100, np.random.default_rng(0))
+    with pytest.raises(ValueError, match="n must"):
+        sc.noise_reference([0.5, 0.5], -1, np.random.default_rng(0))
+    reference = sc.noise_reference([0.5, 0.5], 10_000, np.random.default_rng(0), reps=500)
+    # for a fair coin |p̂ − ½| has mean sqrt(1/(2π n)) ≈ 0.004 at n = 10,000
+    assert reference["mean_max_gap"] == pytest.approx(np.sqrt(1 / (2 * np.pi * 10_000)), rel=0.1)
 
 
 # ---- bad input -----------------------------------------------------------------------------
