@@ -12,6 +12,7 @@ the two agree. Exact results use `fractions.Fraction`, computed from the integer
 """
 
 import functools
+import itertools
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -126,14 +127,10 @@ def q_dist(ctx, w):
 
 
 def _draw(dist, rng):
-    """Inverse-CDF draw from {token: probability} with one uniform."""
-    r = rng.random()
-    acc = 0.0
-    for tok, prob in dist.items():
-        acc += prob
-        if r < acc:
-            return tok
-    return tok  # r landed in the rounding gap above the last cumulative sum
+    """Inverse-CDF draw from {token: probability}: the first token whose cumulative sum passes r."""
+    cumulative = list(itertools.accumulate(dist.values()))
+    r = rng.random() * cumulative[-1]  # scaled to the total, so a rounding gap cannot be hit
+    return next(tok for tok, acc in zip(dist, cumulative) if r < acc)
 
 
 def sample_categorical(dist, rng):
@@ -290,11 +287,11 @@ def _test_uniforms(rng, batch, gamma, rule):
     return np.broadcast_to(u, (batch, gamma))
 
 
-def _sample_rows(probs, rng):
-    """One inverse-CDF draw from each row of probs (N, V)."""
-    u = rng.random(len(probs))
-    index = (probs.cumsum(axis=1) < u[:, None]).sum(axis=1)
-    return np.minimum(index, probs.shape[1] - 1)  # u in the rounding gap: the last token
+def _sample_rows(weights, rng):
+    """One inverse-CDF draw from each row of non-negative weights (N, V) with a positive sum."""
+    cumulative = weights.cumsum(axis=1)
+    u = rng.random(len(weights))[:, None] * cumulative[:, -1:]  # below each row's total
+    return (cumulative <= u).sum(axis=1)  # the first token whose cumulative sum passes u
 
 
 def _final_token(p_n, q_n, is_bonus, rng, rule):

@@ -219,3 +219,21 @@ def test_generation_totals_are_consistent():
         assert run.tokens >= 50 * 100 and run.tokens == run.steps + run.accepted
         assert run.tests <= 3 * run.steps
     assert totals[1.0].acceptance_rate == 1.0 and totals[1.0].tokens_per_step == 4.0
+
+
+class AlmostOne(np.random.Generator):
+    """A generator whose every uniform is the largest double below 1."""
+
+    def random(self, size=None, dtype=np.float64, out=None):
+        """Uniforms pinned at the top of [0, 1)."""
+        return np.full(size, np.nextafter(1.0, 0.0)) if size is not None else np.nextafter(1.0, 0)
+
+
+def test_a_zero_probability_token_is_never_drawn_even_at_the_top_of_the_unit_interval():
+    rng = AlmostOne(np.random.PCG64(0))
+    law = {"a": 0.7, "b": 0.2, "c": 0.1, "d": 0.0}  # 0.7 + 0.2 + 0.1 rounds to 1 − 2⁻⁵³
+    assert sum(law.values()) == np.nextafter(1.0, 0.0)  # so an unscaled r could pass them all
+    assert sc.sample_categorical(law, rng) == "c"
+    p = np.array([[[0.7, 0.2, 0.1, 0.0]]])  # gamma = 0: one bonus draw from p
+    _, emitted = sc.verify(p, np.zeros((1, 0, 4)), np.zeros((1, 0), dtype=int), rng)
+    assert emitted.tolist() == [[2]]
