@@ -1282,7 +1282,7 @@ def plot_optimal_gamma(costs=(0.01, 0.02, 0.05, 0.1, 0.2, 0.5)):
     ax.set(
         xlabel="α",
         ylabel="optimal γ",
-        title="Optimal number of draft tokens (after Leviathan et al., Fig. 3)",
+        title="Optimal γ, searched up to 30 (after Leviathan et al., Fig. 3)",
     )
     ax.legend(ncol=2)
     return fig
