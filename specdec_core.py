@@ -254,6 +254,15 @@ class Rule:
     seen_q: Callable = field(default=lambda q: q)  # the draft law the verifier believes in
     shared_uniform: bool = False  # one uniform for all gamma tests of a step
 
+    def correction_law(self, p, q):
+        """The law drawn on rejection: correction(p, q) normalised, or p where it has no mass."""
+        return _normalise_or(self.correction(p, q), p)
+
+    def tables(self, p, q):
+        """For rows of p and the draft q: (acceptance prob of each token, law on rejection)."""
+        seen = self.seen_q(q)
+        return self.accept(p, seen), self.correction_law(p, seen)
+
 
 EXACT_RULE = Rule("Leviathan et al. (correct)")
 BROKEN_RULES = {
@@ -296,8 +305,8 @@ def _sample_rows(weights, rng):
 
 def _final_token(p_n, q_n, is_bonus, rng, rule):
     """The token after the accepted ones: bonus from p, or a draw from the rule's correction."""
-    weights = np.where(is_bonus[:, None], p_n, rule.correction(p_n, q_n))  # (B, V)
-    return _sample_rows(_normalise_or(weights, p_n), rng)
+    law = np.where(is_bonus[:, None], p_n, rule.correction_law(p_n, q_n))  # (B, V)
+    return _sample_rows(law, rng)
 
 
 def _emitted(draft_tokens, accepted, final):
@@ -421,10 +430,8 @@ def toy_models(weights, rule=EXACT_RULE):
     """ToyModels for the draft weights in the tuple `weights` under `rule` (cached)."""
     p = np.tile(P_MATRIX, (len(weights), 1))
     q = np.concatenate([draft_matrix(w) for w in weights])
-    seen = rule.seen_q(q)
-    correction = _normalise_or(rule.correction(p, seen), p)
-    accept = rule.accept(p, seen).ravel()
-    return ToyModels(accept, RowSampler(q), RowSampler(np.concatenate([correction, p])))
+    accept, correction = rule.tables(p, q)
+    return ToyModels(accept.ravel(), RowSampler(q), RowSampler(np.concatenate([correction, p])))
 
 
 def toy_step(rows, gamma, models, rng, rule=EXACT_RULE):
@@ -580,9 +587,7 @@ def speculative_law(k, gamma, w, ctx=BOS, rule=EXACT_RULE, exact=True):
     _check_count(k, "k")
     _check_step_args(ctx, gamma, w)
     p, q = model_matrices(w, exact)
-    seen = rule.seen_q(q)
-    accept = rule.accept(p, seen)  # (19, 18): acceptance prob of each draft token in each context
-    correction = _normalise_or(rule.correction(p, seen), p)  # (19, 18)
+    accept, correction = rule.tables(p, q)  # (19, 18) each, per context and drafted token
     law = defaultdict(int)
 
     def new_step(prefix, c, mass):
@@ -831,7 +836,7 @@ def chain_stats(w, gamma):
     p, q = P_MATRIX[1:], draft_matrix(w)[1:]  # (18, 18): contexts are tokens after the first step
     keep = np.minimum(p, q)  # kept-draft kernel: token -> next token
     reject = 1 - keep.sum(axis=1)  # (18,) 1 − β
-    residual = _normalise_or(_residual_weights(p, q), p)
+    residual = EXACT_RULE.correction_law(p, q)
     reach = np.eye(V)  # reach[c, d]: P(from c, the first n drafts are kept and the n-th is d)
     kernel = np.zeros((V, V))
     tests = np.zeros(V)
