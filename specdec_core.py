@@ -712,9 +712,12 @@ def target_joint(k, ctx=BOS, exact=True):
     return law
 
 
+LAW_MAX_K = 3  # k = 3 enumerates in seconds; the paths grow about 18-fold with each token
+
+
 def speculative_law(k, gamma, w, ctx=BOS, rule=EXACT_RULE, exact=True):
     """Law of the first k tokens of speculative generation from ctx, every draft path enumerated."""
-    _check_count(k, "k")
+    _check_count(k, "k", LAW_MAX_K, "every draft path is enumerated: k = 4 takes about a minute")
     _check_step_args(ctx, gamma, w)
     p, q = model_matrices(w, exact)
     accept, correction = rule.tables(p, q)  # (19, 18) each, per context and drafted token
@@ -999,6 +1002,7 @@ def chain_stats(w, gamma):
         reach = reach @ keep
         accepted += reach.sum(axis=1)
     kernel += reach @ p  # all gamma kept: bonus from p
+    kernel /= kernel.sum(axis=1, keepdims=True)  # rows sum to 1 (rounding drifts over many γ)
     pi = _stationary(kernel)
     return ChainStats(float(pi @ accepted) + 1, float(pi @ accepted), float(pi @ tests))
 
