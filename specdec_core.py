@@ -70,11 +70,11 @@ Q0_TABLE = dict(zip(VOCAB, Q0_VECTOR.tolist()))
 
 # Size limits (README, "Limits"): past one, a call fails at once with a ValueError saying why.
 MAX_BYTES = 2**30  # working memory one call may allocate: 1 GiB
-MAX_LOOP = 10**6  # iterations of a literal loop, 5 to 15 µs each here: seconds
-MAX_STEPS = 10**5  # iterations of a loop of array steps or of Theorem 3.8, 10 to 100 µs each
+MAX_LOOP = 10**6  # iterations of a literal loop, 5 to 15 µs each in make bench: seconds
+MAX_STEPS = 10**5  # iterations of a loop of array steps or of Theorem 3.8: tens of µs each
 MAX_GAMMA = 2**53  # past it γ + 1 is not exact as a float: Eq. (1) and Theorems 3.8, 3.11
 MAX_OUTCOMES = 10**6  # outcomes an exact law may list (a dict entry each)
-MAX_DRAWS = 10**9  # tokens one Monte Carlo call may draw: about a minute
+MAX_DRAWS = 10**9  # tokens one Monte Carlo call may draw: about a minute at make bench speed
 DRAW_BYTES = 48  # peak working memory of sample_tokens per draw, measured
 STEP_BYTES = 64  # working memory of the toy engine per chain and draft position, measured
 
@@ -712,12 +712,12 @@ def target_joint(k, ctx=BOS, exact=True):
     return law
 
 
-LAW_MAX_K = 3  # k = 3 enumerates in seconds; the paths grow about 18-fold with each token
+LAW_MAX_K = 3  # k = 3 enumerates in seconds, k = 4 in about 3 minutes (Fractions, γ = 2)
 
 
 def speculative_law(k, gamma, w, ctx=BOS, rule=EXACT_RULE, exact=True):
     """Law of the first k tokens of speculative generation from ctx, every draft path enumerated."""
-    _check_count(k, "k", LAW_MAX_K, "every draft path is enumerated: k = 4 takes about a minute")
+    _check_count(k, "k", LAW_MAX_K, "every draft path is enumerated: k = 4 takes minutes")
     _check_step_args(ctx, gamma, w)
     p, q = model_matrices(w, exact)
     accept, correction = rule.tables(p, q)  # (19, 18) each, per context and drafted token
@@ -964,7 +964,8 @@ def optimal_gamma(alpha, c, max_gamma=30):
     if alpha == 1 or c == 0:  # then the speedup is monotone in γ: it rises iff α > c
         return max_gamma if alpha > c else 0
     # past γ = α/((1 − α)c) the speedup is below 1/((1 − α)(γc + 1)) <= 1, its value at γ = 0
-    last = min(max_gamma, int(alpha / ((1 - alpha) * c)) + 1)
+    beyond = alpha >= max_gamma * (1 - alpha) * c  # that γ lies past max_gamma
+    last = max_gamma if beyond else int(alpha / ((1 - alpha) * c)) + 1
     if last > MAX_STEPS:
         raise ValueError(f"max_gamma: the optimum may lie anywhere up to {last:,} (MAX_STEPS)")
     speedups = [walltime_speedup(alpha, g, c) for g in range(last + 1)]

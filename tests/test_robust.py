@@ -238,6 +238,11 @@ def test_each_size_limit_fails_at_once_and_says_why(call, words):
     fails_at_once(call, *words)
 
 
+def test_optimal_gamma_at_tiny_costs_neither_overflows_nor_divides_by_zero():
+    assert sc.optimal_gamma(0.5, 1e-320) == 30 and sc.optimal_gamma(0.9, 5e-324) == 30
+    fails_at_once(lambda: sc.optimal_gamma(0.5, 5e-324, max_gamma=10**9), "MAX_STEPS")
+
+
 def test_sizes_at_the_limits_still_run():
     assert len(sc.target_joint(sc.JOINT_MAX_K, exact=False)) == sc.V**sc.JOINT_MAX_K
     assert sc.optimal_gamma(0.5, 0.1, max_gamma=10**9) == sc.optimal_gamma(0.5, 0.1)
