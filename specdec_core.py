@@ -196,7 +196,7 @@ class StepTrace(NamedTuple):
 
     @property
     def boxes(self):
-        """(token, kind) in the order of Leviathan et al.'s Figure 5."""
+        """(token, kind) in display order: drafts tested, the last token, drafts never tested."""
         n, bonus = self.accepted, self.accepted == len(self.draft)
         kinds = ["accepted"] * n + ([] if bonus else ["rejected"])
         drafted = [(x, kind) for x, kind in zip(self.draft, kinds)]
@@ -1184,7 +1184,7 @@ def plot_residuals(comparison, title):
     return fig
 
 
-STEP_STYLE = {  # Leviathan et al.'s Figure 5, with a hatch for each kind besides its colour
+STEP_STYLE = {  # the colours of Leviathan et al.'s illustration, and a hatch for each kind
     "accepted": {"facecolor": OKABE_ITO[2], "hatch": ""},
     "rejected": {"facecolor": OKABE_ITO[3], "hatch": "xx"},
     "resampled": {"facecolor": OKABE_ITO[0], "hatch": ".."},
