@@ -1109,13 +1109,15 @@ def _use_retina_png():
         set_matplotlib_formats("retina")
 
 
-def _new_figure(ncols=1, nrows=1, **kwargs):
-    """A figure in the book's style."""
-    import matplotlib.pyplot as plt
+def _new_figure(ncols=1, nrows=1, figsize=None):
+    """A figure in the book's style, kept out of pyplot: it shows only where it is displayed."""
+    import matplotlib as mpl
+    from matplotlib.figure import Figure
 
-    plt.rcParams.update(BOOK_STYLE)
+    mpl.rcParams.update(BOOK_STYLE)
     _use_retina_png()
-    return plt.subplots(nrows, ncols, **kwargs)
+    fig = Figure(figsize=figsize)  # not registered with pyplot, so a folded cell shows no copy
+    return fig, fig.subplots(nrows, ncols)
 
 
 def _token_axis(ax, labels=VOCAB, axis="x"):
