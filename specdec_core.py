@@ -1109,7 +1109,7 @@ def _use_retina_png():
         set_matplotlib_formats("retina")
 
 
-def _new_figure(ncols=1, nrows=1, figsize=None):
+def _new_figure(ncols=1, nrows=1, figsize=None, **kwargs):
     """A figure in the book's style, kept out of pyplot: it shows only where it is displayed."""
     import matplotlib as mpl
     from matplotlib.figure import Figure
@@ -1117,7 +1117,7 @@ def _new_figure(ncols=1, nrows=1, figsize=None):
     mpl.rcParams.update(BOOK_STYLE)
     _use_retina_png()
     fig = Figure(figsize=figsize)  # not registered with pyplot, so a folded cell shows no copy
-    return fig, fig.subplots(nrows, ncols)
+    return fig, fig.subplots(nrows, ncols, **kwargs)
 
 
 def _token_axis(ax, labels=VOCAB, axis="x"):
