@@ -594,6 +594,11 @@ def toy_step(rows, gamma, models, rng, rule=EXACT_RULE):
     _check_count(gamma, "gamma")
     _check_memory(len(rows) * (gamma + 1) * STEP_BYTES, "toy_step")
     _check_rng(rng)
+    return _toy_step(rows, gamma, models, rng, rule)
+
+
+def _toy_step(rows, gamma, models, rng, rule):
+    """toy_step() without the checks, for the engine's loops (their callers checked once)."""
     batch = len(rows)
     u = rng.random((gamma + 1, batch))  # one uniform per draft, one for the final draw
     block = rows - rows % len(CONTEXTS)  # first row of each chain's model
@@ -634,7 +639,7 @@ def simulate_prefixes(n_runs, k, gamma, w, ctx, rng, rule=EXACT_RULE):
     rows = np.full(n_runs, CONTEXT_INDEX[ctx], dtype=np.int32)
     active = np.arange(n_runs) if k else np.arange(0)
     while active.size:
-        accepted, draft, final = toy_step(rows[active], gamma, models, rng, rule)
+        accepted, draft, final = _toy_step(rows[active], gamma, models, rng, rule)
         start = filled[active]
         for j in range(k):  # slot j holds this step's token number j − start, if it emitted one
             offset = j - start
@@ -703,7 +708,7 @@ def simulate_generation(n_chains, n_tokens, gamma, weights, rng, rule=EXACT_RULE
     tokens, steps, full_steps = (np.zeros(len(rows), dtype=np.int64) for _ in range(3))
     active = np.arange(len(rows)) if n_tokens else np.arange(0)
     while active.size:
-        accepted, _, final = toy_step(rows[active], gamma, models, rng, rule)
+        accepted, _, final = _toy_step(rows[active], gamma, models, rng, rule)
         rows[active] = block[active] + 1 + final
         tokens[active] += accepted + 1
         steps[active] += 1
