@@ -733,13 +733,13 @@ def law_tv(law, reference):
 
 
 def beta_exact(ctx, w):
-    """β(ctx) = Σ_x min(p(x | ctx), q_w(x | ctx)): the chance a draft token survives at ctx."""
+    """β(ctx) = Σ_x min(p(x | ctx), q_w(x | ctx)): a draft's survival chance at ctx."""
     p, q = p_dist(ctx), q_dist(ctx, w)
     return sum(min(p[t], q[t]) for t in VOCAB)
 
 
 def _stationary(transition, tol=1e-15, max_iter=10_000):
-    """Stationary law of a row-stochastic matrix by power iteration: π ← π·T until it settles."""
+    """Stationary law of a row-stochastic matrix by power iteration: π ← π·T."""
     pi = np.full(len(transition), 1 / len(transition))
     for _ in range(max_iter):
         new = pi @ transition
@@ -757,8 +757,8 @@ PI_P = dict(zip(VOCAB, PI_P_VECTOR.tolist()))  # the target chain's long-run con
 def alpha_exact(w):
     """α(w) = Σ_ctx π_p(ctx)·β(ctx, w): β averaged over the contexts the target visits.
 
-    Leviathan et al.'s α = E(β). It is not exactly the long-run accepted-per-test rate of the
-    speculative chain, which tests no bonus position (see chain_stats).
+    Leviathan et al.'s α = E(β). Not exactly the long-run accepted-per-test rate of
+    the speculative chain, which tests no bonus position (see chain_stats).
     """
     alpha = sum(PI_P[ctx] * beta_exact(ctx, w) for ctx in VOCAB)
     return min(alpha, 1.0)  # rounding may put the sum a hair above 1
@@ -795,10 +795,11 @@ def alpha_fraction(w):
 
 
 def expected_tokens(alpha, gamma):
-    """Eq. (1): E[tokens/step] = (1 − α^(γ+1)) / (1 − α) = Σ_{i=0..γ} α^i; γ + 1 at α = 1."""
+    """Eq. (1): E[tokens/step] = (1 − α^(γ+1))/(1 − α) = Σ_{i=0..γ} α^i."""
     _check_unit_interval(alpha, "alpha")
     _check_count(gamma, "gamma")
-    return sum(alpha**i for i in range(gamma + 1)) * 1.0  # the sum form is stable near α = 1
+    # the sum form is stable near α = 1, where the closed form divides 0 by 0
+    return sum(alpha**i for i in range(gamma + 1)) * 1.0
 
 
 def walltime_speedup(alpha, gamma, c):
@@ -814,7 +815,7 @@ def operations_increase(alpha, gamma, c_hat):
 
 
 def optimal_gamma(alpha, c, max_gamma=30):
-    """The γ in 0..max_gamma that maximises Theorem 3.8 (0: do not speculate; ties: the smaller)."""
+    """The γ ≤ max_gamma maximising Theorem 3.8; 0: do not speculate; ties: smaller."""
     _check_count(max_gamma, "max_gamma")
     speedups = [walltime_speedup(alpha, g, c) for g in range(max_gamma + 1)]
     return int(np.argmax(speedups))
@@ -841,16 +842,16 @@ def chain_stats(w, gamma):
 
 
 def markov_chain_stats(p, q, gamma):
-    """Exact long-run ChainStats for bigram tables p, q (V, V): the chain of each step's last token.
+    """Exact long-run ChainStats for tables p, q (V, V), from each step's last token.
 
-    Kernel M = Σ_{n<γ} Kⁿ·diag(1 − β)·R + K^γ·P, with K = min(p, q) (a kept draft), R the residual.
+    Kernel M = Σ_{n<γ} Kⁿ·diag(1 − β)·R + K^γ·P: K = min(p, q) keeps, R the residual.
     """
     p, q = _check_tables(p, q)
     keep = np.minimum(p, q)  # kept-draft kernel: token -> next token
     reject = 1 - keep.sum(axis=1)  # (V,) 1 − β
     residual = EXACT_RULE.correction_law(p, q)
     n = len(p)
-    reach = np.eye(n)  # reach[c, d]: P(from c, the first k drafts are kept and the k-th is d)
+    reach = np.eye(n)  # reach[c, d]: P(from c, k drafts kept, the k-th is d)
     kernel = np.zeros((n, n))
     tests = np.zeros(n)
     accepted = np.zeros(n)
@@ -908,25 +909,27 @@ REGIME_TOKENS = ["a", "b", "X", "Y"]  # a, b: the easy regime; X, Y: the hard on
 
 
 def regime_models(stay=0.9, slip=0.05):
-    """(p, q), (4, 4): a sticky target (regime kept w.p. stay); q swaps p's two hard rows.
+    """(p, q), (4, 4): a sticky target (regime kept w.p. stay); q swaps its hard rows.
 
-    In the easy regime the draft is the target (β = 1); in the hard regime it predicts the
-    wrong hard token (β = 2·(1 − stay)/2 + 2·slip).
+    Easy regime: the draft is the target (β = 1). Hard regime: the draft predicts
+    the wrong hard token (β = 1 − stay + 2·slip).
     """
     _check_unit_interval(stay, "stay")
     if not 0 <= slip <= stay / 2:
         raise ValueError(f"slip must be a number in [0, stay/2], got {slip!r}")
     leave = (1 - stay) / 2
     easy = [stay / 2, stay / 2, leave, leave]
-    p = np.array([easy, easy, [leave, leave, stay - slip, slip], [leave, leave, slip, stay - slip]])
+    hard_x = [leave, leave, stay - slip, slip]
+    hard_y = [leave, leave, slip, stay - slip]
+    p = np.array([easy, easy, hard_x, hard_y])
     return p, p[[0, 1, 3, 2]]
 
 
 def alpha_estimate(p, q, n_chains, n_tokens, rng):
-    """(mean, standard error) of β over contexts the target p generates, chains started from π_p.
+    """(mean, s.e.) of β over contexts the target p generates, chains started from π_p.
 
-    Unbiased for α: each visited context has law π_p. The error comes from the spread of the
-    n_chains chain means, so correlation along a chain is accounted for.
+    Unbiased for α: every visited context has law π_p. The s.e. is the spread of
+    the n_chains chain means, so correlation along a chain is accounted for.
     """
     p, q = _check_tables(p, q)
     _check_count(n_tokens, "n_tokens")
@@ -937,13 +940,14 @@ def alpha_estimate(p, q, n_chains, n_tokens, rng):
         raise ValueError("n_tokens must be >= 1 and n_chains·n_tokens at most 1e8")
     beta = np.minimum(p, q).sum(axis=1)  # (V,)
     cumulative = np.cumsum(p, axis=1)  # (V, V)
-    last = len(p) - 1  # the clip guards against a cumulative sum a rounding below 1
-    ctx = np.minimum(np.searchsorted(np.cumsum(_stationary(p)), rng.random(n_chains)), last)
+    last = len(p) - 1  # the clips guard against a cumulative sum rounded below 1
+    start = np.searchsorted(np.cumsum(_stationary(p)), rng.random(n_chains))
+    ctx = np.minimum(start, last)  # (n_chains,) contexts drawn from π_p
     total = np.zeros(n_chains)
     for _ in range(n_tokens):
         total += beta[ctx]
         u = rng.random(n_chains)[:, None]  # (n_chains, 1)
-        ctx = np.minimum((u > cumulative[ctx]).sum(axis=1), last)  # (n_chains,) next context
+        ctx = np.minimum((u > cumulative[ctx]).sum(axis=1), last)  # next contexts
     means = total / n_tokens
     return float(means.mean()), float(means.std(ddof=1) / np.sqrt(n_chains))
 
@@ -963,7 +967,7 @@ def oracle_speedup(alpha, c):
 
 
 def implied_cost(alpha, gamma, speedup):
-    """The c at which Theorem 3.8 gives `speedup`: (E[tokens]/speedup − 1)/γ (< 0: above c = 0)."""
+    """The c at which Theorem 3.8 gives `speedup`: (E[tokens]/speedup − 1)/γ."""
     _check_nonnegative(speedup, "speedup")
     if gamma < 1 or speedup == 0:
         raise ValueError("gamma must be >= 1 and speedup > 0")
@@ -1296,15 +1300,16 @@ def _series(i, n_points=None):
 
 
 def sweep_standard_errors(run, w, gamma):
-    """(SE of accepted/test, SE of tokens/step) of a run at w, treating tests and steps as i.i.d.
+    """(s.e. of accepted/test, s.e. of tokens/step) at w; tests and steps as i.i.d.
 
-    Tests: √(α(1 − α)/tests). Steps: the s.d. of Eq. (1)'s capped geometric count / √steps.
+    Tests: √(α(1 − α)/tests). Steps: s.d. of Eq. (1)'s capped geometric / √steps.
     """
     alpha = alpha_exact(w)
     counts = np.arange(1, gamma + 2)  # 1 .. γ + 1 tokens per step
     probs = np.append(alpha ** np.arange(gamma) * (1 - alpha), alpha**gamma)  # (γ + 1,)
     sd = np.sqrt(max(probs @ counts**2 - (probs @ counts) ** 2, 0.0))
-    return float(np.sqrt(alpha * (1 - alpha) / run.tests)), float(sd / np.sqrt(run.steps))
+    se_rate = np.sqrt(alpha * (1 - alpha) / run.tests)
+    return float(se_rate), float(sd / np.sqrt(run.steps))
 
 
 def plot_sweep_residuals(sweep, gamma=4):

@@ -225,3 +225,27 @@ def test_oracle_and_implied_cost():
 def test_new_functions_name_bad_arguments(call, name):
     with pytest.raises(ValueError, match=name):
         call()
+
+
+def test_chapter_4_exercises():
+    unigram = np.tile(sc.Q0_VECTOR, (sc.V, 1))
+    half = sc.alpha_of(sc.P_MATRIX[1:], 0.5 * unigram + 0.5 * sc.UNIFORM_DRAFT)
+    assert 0.5 * (sc.alpha_exact(0) + ALPHA_UNIFORM) < half < ALPHA_UNIFORM  # concave in q
+    alpha0 = sc.alpha_exact(0)
+    assert next(g for g in range(50) if sc.expected_tokens(alpha0, g) > 3) == 5
+    assert 0 < regime_gap(0.5) < regime_gap(0.9)
+
+
+def test_chapter_5_exercises():
+    assert sc.optimal_gamma(0.8, 0.05) == 8
+    assert sc.implied_cost(0.62, 7, 2.6) < 0 < sc.implied_cost(0.625, 7, 2.6)  # within rounding
+    # the best γ never decreases as c falls (exercise 3), checked on a grid
+    for alpha in np.linspace(0.05, 0.95, 19):
+        best = [sc.optimal_gamma(float(alpha), c) for c in np.linspace(0.5, 0, 51)]
+        assert best == sorted(best)
+
+
+def test_real_pairs_below_the_toy():
+    """Chapter 5's caption: 11 of the 20 model-draft α values lie below α(0)."""
+    model = [a for _, d, *ts in sc.REAL_PAIR_ALPHAS if d not in ("unigram", "bigram") for a in ts]
+    assert (sum(a < sc.alpha_exact(0) for a in model), len(model)) == (11, 20)
