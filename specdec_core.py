@@ -1325,7 +1325,7 @@ def plot_sweep_residuals(sweep, gamma=4):
     ax.axhspan(-2, 2, color="grey", alpha=0.15, label="±2 standard errors (95 %)")
     ax.axhline(0, color="black", linewidth=0.8)
     ax.plot(weights, z_rate, "o", color=OKABE_ITO[0], label="accepted / test")
-    ax.plot(weights, z_tokens, "s", color=OKABE_ITO[3], markerfacecolor="none", label="tokens / step")
+    ax.plot(weights, z_tokens, "s", color=OKABE_ITO[3], mfc="none", label="tokens / step")
     ax.set(
         ylim=(-4, 5.5),
         xlabel="draft weight w",
@@ -1353,7 +1353,7 @@ def plot_tokens_vs_w(sweep, gamma=4, gammas=(1, 2, 3, 4, 6, 8)):
         markeredgewidth=2,
         label=f"measured, γ = {gamma}",
     )
-    ax.set(xlabel="draft weight w", ylabel="tokens per target call", title="Tokens per call (Eq. 1)")
+    ax.set(xlabel="draft weight w", ylabel="tokens per target call", title="Tokens per call")
     _legend_on_top(ax, ncol=3)
     return fig
 
@@ -1366,7 +1366,7 @@ def plot_tokens_vs_gamma(weights=(0.0, 0.5, 0.9, 1.0), max_gamma=10):
         a = alpha_exact(w)
         tokens = [expected_tokens(a, int(g)) for g in gammas]
         ax.plot(gammas, tokens, markersize=5, label=f"w = {w:g} (α = {a:.3f})", **_series(i))
-    ax.set(xlabel="draft tokens per step γ", ylabel="tokens per target call", title="Tokens per call against γ")
+    ax.set(xlabel="draft tokens per step γ", ylabel="tokens per target call", title="Against γ")
     ax.legend()
     return fig
 
@@ -1402,7 +1402,7 @@ def plot_speedup_vs_w(sweep, gamma=4, costs=(0.0, 0.05, 0.1, 0.25, 0.5)):
             markersize=5,
         )
     ax.axhline(1, color="black", linewidth=0.8)
-    ax.set(xlabel="draft weight w", ylabel="projected speedup", title=f"Projected speedup, γ = {gamma}")
+    ax.set(xlabel="draft weight w", ylabel="projected speedup", title=f"Speedup, γ = {gamma}")
     _legend_on_top(ax, ncol=3)
     return fig
 
@@ -1465,7 +1465,7 @@ def plot_operations_increase(gammas=(1, 2, 3, 5, 7, 10), c_hat=0.0):
 
 
 def plot_real_pairs():
-    """Measured α of real draft/target pairs (Leviathan et al., Table 3) beside this toy's drafts."""
+    """Measured α of real draft/target pairs (Leviathan et al., Table 3) beside the toy's."""
     fig, ax = _new_figure(figsize=(6.4, 6.4))
     labels = [f"{target} ← {draft}" for target, draft, _, _ in REAL_PAIR_ALPHAS]
     y = np.arange(len(labels))
@@ -1477,7 +1477,7 @@ def plot_real_pairs():
             markeredgewidth=2, label="temperature 1")
     ax.set_yticks(y, labels, fontsize=10)
     ax.invert_yaxis()
-    ax.set(xlim=(0, 1), xlabel="α", ylabel="target ← draft", title="Real pairs (Table 3) and this toy")
+    ax.set(xlim=(0, 1), xlabel="α", ylabel="target ← draft", title="Real pairs and this toy")
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=2)
     return fig
 
@@ -1490,7 +1490,8 @@ def plot_panel(w=0.9, gamma=4, c=0.1):
     gammas = np.arange(max(11, gamma + 1, best + 1))
     speedups = [walltime_speedup(alpha, int(g), c) for g in gammas]
     ax.plot(gammas, speedups, "o-", color=OKABE_ITO[0], markersize=5, label="Theorem 3.8")
-    ax.plot([gamma], [speedups[gamma]], "o", color=OKABE_ITO[3], markersize=12, label=f"γ = {gamma}")
+    chosen = {"color": OKABE_ITO[3], "markersize": 12, "label": f"γ = {gamma}"}
+    ax.plot([gamma], [speedups[gamma]], "o", **chosen)
     ax.plot([best], [speedups[best]], "*", color="black", markersize=14, label=f"best γ = {best}")
     if alpha < 1:
         ax.axhline(oracle_speedup(alpha, c), color=OKABE_ITO[2], linestyle="--", label="oracle γ")

@@ -206,6 +206,9 @@ def test_oracle_and_implied_cost():
     assert sc.implied_cost(0.7, 5, speed) == pytest.approx(c)
 
 
+RNG = np.random.default_rng(0)
+
+
 @pytest.mark.parametrize(
     "call, name",
     [
@@ -215,8 +218,8 @@ def test_oracle_and_implied_cost():
         (lambda: sc.markov_chain_stats(np.full((2, 2), np.nan), np.eye(2), 2), "p"),
         (lambda: sc.regime_models(stay=1.5), "stay"),
         (lambda: sc.regime_models(slip=0.6), "slip"),
-        (lambda: sc.alpha_estimate(*sc.regime_models(), 1, 10, np.random.default_rng(0)), "n_chains"),
-        (lambda: sc.alpha_estimate(*sc.regime_models(), 10, 0, np.random.default_rng(0)), "n_tokens"),
+        (lambda: sc.alpha_estimate(*sc.regime_models(), 1, 10, RNG), "n_chains"),
+        (lambda: sc.alpha_estimate(*sc.regime_models(), 10, 0, RNG), "n_tokens"),
         (lambda: sc.alpha_estimate(*sc.regime_models(), 10, 10, 0), "rng"),
         (lambda: sc.oracle_tokens(1.0), "alpha"),
         (lambda: sc.implied_cost(0.5, 0, 2.0), "gamma"),
