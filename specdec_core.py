@@ -1467,7 +1467,8 @@ def plot_operations_increase(gammas=(1, 2, 3, 5, 7, 10), c_hat=0.0):
 def plot_real_pairs():
     """Measured α of real draft/target pairs (Leviathan et al., Table 3) beside the toy's."""
     fig, ax = _new_figure(figsize=(6.4, 6.4))
-    labels = [f"{target} ← {draft}" for target, draft, _, _ in REAL_PAIR_ALPHAS]
+    short = {"GPT-like 97M": "GPT 97M", "T5-XXL EnDe": "EnDe", "T5-XXL CNNDM": "CNNDM"}
+    labels = [f"{short.get(target, target)} ← {draft}" for target, draft, _, _ in REAL_PAIR_ALPHAS]
     y = np.arange(len(labels))
     ax.axvspan(alpha_exact(0), 1, color="grey", alpha=0.15, label="this toy: α(w)")
     ax.axvline(alpha_of(*unsmoothed_models()), color="black", linestyle=":", linewidth=1.5,
@@ -1475,7 +1476,7 @@ def plot_real_pairs():
     ax.plot([r[2] for r in REAL_PAIR_ALPHAS], y, "o", color=OKABE_ITO[0], label="temperature 0")
     ax.plot([r[3] for r in REAL_PAIR_ALPHAS], y, "s", color=OKABE_ITO[3], markerfacecolor="none",
             markeredgewidth=2, label="temperature 1")
-    ax.set_yticks(y, labels, fontsize=10)
+    ax.set_yticks(y, labels, fontsize=11)
     ax.invert_yaxis()
     ax.set(xlim=(0, 1), xlabel="α", ylabel="target ← draft", title="Real pairs and this toy")
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=2)
