@@ -1358,6 +1358,22 @@ def plot_tokens_vs_w(sweep, gamma=4, gammas=(1, 2, 3, 4, 6, 8)):
     return fig
 
 
+def plot_regime_tokens(max_gamma=8, stay=0.9):
+    """The regime target: Eq. (1) with the exact α against the exact chain, for γ = 1..max."""
+    p, q = regime_models(stay=stay)
+    alpha = alpha_of(p, q)
+    gammas = np.arange(1, max_gamma + 1)
+    chain = [markov_chain_stats(p, q, int(g)) for g in gammas]
+    fig, ax = _new_figure()
+    ax.plot(gammas, [expected_tokens(alpha, int(g)) for g in gammas], label="Eq. (1) with α",
+            **_series(1))
+    ax.plot(gammas, [c.tokens_per_step for c in chain], label="exact chain", **_series(0))
+    ax.set(xlabel="draft tokens per step γ", ylabel="tokens per target call",
+           title=f"Sticky regimes (stay = {stay:g}): α = {alpha:.2f}")
+    ax.legend()
+    return fig
+
+
 def plot_tokens_vs_gamma(weights=(0.0, 0.5, 0.9, 1.0), max_gamma=10):
     """Eq. (1) against γ for several draft weights."""
     fig, ax = _new_figure()
@@ -1550,6 +1566,7 @@ FIGURES = {
     "ch4-sweep-residuals": lambda: plot_sweep_residuals(acceptance_sweep()),
     "ch4-tokens-vs-w": lambda: plot_tokens_vs_w(acceptance_sweep()),
     "ch4-tokens-vs-gamma": plot_tokens_vs_gamma,
+    "ch4-regime-tokens": plot_regime_tokens,
     "ch4-fig2-tokens-vs-alpha": plot_expected_tokens_vs_alpha,
     "ch5-speedup-vs-w": lambda: plot_speedup_vs_w(acceptance_sweep()),
     "ch5-speedup-heatmap": plot_speedup_heatmap,
