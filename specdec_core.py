@@ -930,6 +930,7 @@ def alpha_estimate(p, q, n_chains, n_tokens, rng):
 
     Unbiased for α: every visited context has law π_p. The s.e. is the spread of
     the n_chains chain means, so correlation along a chain is accounted for.
+    Limits: 2 ≤ n_chains, 1 ≤ n_tokens, n_chains·n_tokens ≤ 1e8; tables up to MAX_TABLE.
     """
     p, q = _check_tables(p, q)
     _check_count(n_tokens, "n_tokens")
