@@ -252,3 +252,14 @@ def test_real_pairs_below_the_toy():
     """Chapter 5's caption: 11 of the 20 model-draft α values lie below α(0)."""
     model = [a for _, d, *ts in sc.REAL_PAIR_ALPHAS if d not in ("unigram", "bigram") for a in ts]
     assert (sum(a < sc.alpha_exact(0) for a in model), len(model)) == (11, 20)
+
+
+def test_equation_one_is_exact_when_beta_does_not_depend_on_the_context():
+    """Context-free p and q: β is the same at every test, and the chain gives Eq. (1) exactly."""
+    p = np.tile([0.5, 0.3, 0.2], (3, 1))
+    q = np.tile([0.2, 0.3, 0.5], (3, 1))
+    alpha = sc.alpha_of(p, q)
+    for gamma in (1, 4, 7):
+        chain = sc.markov_chain_stats(p, q, gamma)
+        assert chain.tokens_per_step == pytest.approx(sc.expected_tokens(alpha, gamma), abs=1e-12)
+        assert chain.acceptance_rate == pytest.approx(alpha, abs=1e-12)
