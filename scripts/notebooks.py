@@ -25,7 +25,7 @@ INSTALL = "python -m pip install -r requirements.txt jupyterlab"
 RUNTIME = ("numpy", "scipy", "pandas", "matplotlib", "ipykernel", "ipywidgets")
 GLUE_IMPORT = "from myst_nb import glue"
 GLUE_STANDIN = '''def glue(name, value, display=True):
-    """Stand-in for myst_nb.glue: the text of this notebook already shows the glued values."""
+    """Stand-in for the book's glue: the text of this notebook already shows the values."""
     if display:
         from IPython.display import display as show
 

@@ -285,7 +285,8 @@ MEASURE = """() => {
         if (r.width === 0) continue;
         let box = null;
         for (let e = m.parentElement; e && e !== document.body; e = e.parentElement) {
-            if (getComputedStyle(e).overflowX !== 'visible') { box = e; break; }
+            const c = getComputedStyle(e);  // overflow does not apply to inline elements
+            if (c.overflowX !== 'visible' && c.display !== 'inline') { box = e; break; }
         }
         const o = box ? getComputedStyle(box).overflowX : 'visible';
         const right = box ? box.getBoundingClientRect().right : window.innerWidth;
@@ -297,9 +298,9 @@ MEASURE = """() => {
     const code = [...document.querySelectorAll('main pre')]
         .filter(p => p.getClientRects().length && p.scrollWidth > p.clientWidth + 1)
         .map(p => p.textContent.slice(0, 60));
-    const images = [...document.querySelectorAll('main img')]
+    const drawn = [...document.querySelectorAll('main img')]
         .map(i => [i.getAttribute('src'), Math.round(i.getBoundingClientRect().width)]);
-    return {clipped, code, images};
+    return {clipped, code, drawn};
 }"""
 
 
@@ -341,8 +342,8 @@ def test_page_on_a_phone(browser, page_path):
     assert not outside and not errors, (outside, errors)
     assert not result["clipped"], f"math cut off at {PHONE} px: {result['clipped']}"
     assert not result["code"], f"code blocks that scroll sideways at {PHONE} px: {result['code']}"
-    narrow = [(src, w) for src, w in result["images"] if w < 300]
-    print(f"{page_path.stem}: image widths at {PHONE} px:", [w for _, w in result["images"]])
+    narrow = [(src, w) for src, w in result["drawn"] if w < 300]
+    print(f"{page_path.stem}: image widths at {PHONE} px:", [w for _, w in result["drawn"]])
     assert not narrow, f"images drawn narrower than 300 px at {PHONE} px: {narrow}"
 
 
@@ -412,4 +413,4 @@ def test_the_browser_check_can_fail(browser, tmp_path):
     assert outside == ["https://example.org/x.png"]
     assert errors and any(width == 0 for _, width, _ in result["images"])
     assert result["rawTex"] == 1 and result["code"] and result["clipped"]
-    assert all(w < 300 for _, w in result["images"])
+    assert all(w < 300 for _, w in result["drawn"])
