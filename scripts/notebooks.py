@@ -159,8 +159,10 @@ class Converter:
             return "(" + "; ".join(f"{self.bib[k][0]}, {self.bib[k][1]}" for k in keys) + ")"
         if name == "doc":
             title, target = _explicit(text)
-            target = str((Path(docname).parent / target).as_posix()) if "/" not in target else target
-            target = target.lstrip("/")
+            if target.startswith("/"):
+                target = target[1:]
+            else:
+                target = (Path(docname).parent / target).as_posix()
             return title or self._doc_title(target)
         if name == "ref":
             title, label = _explicit(text)
@@ -288,9 +290,8 @@ class Converter:
                 source = cell.source.replace(GLUE_IMPORT, GLUE_STANDIN)
                 new = nbformat.v4.new_code_cell(source, execution_count=cell.get("execution_count"))
                 if not tags & {"remove-cell", "remove-output"}:
-                    new.outputs = [
-                        o for o in cell.get("outputs", []) if "scrapbook" not in o.get("metadata", {})
-                    ]
+                    outputs = cell.get("outputs", [])
+                    new.outputs = [o for o in outputs if "scrapbook" not in o.get("metadata", {})]
                 if tags & {"hide-input", "hide-cell", "remove-input"}:
                     new.metadata["jupyter"] = {"source_hidden": True}
                 cells.append(new)

@@ -24,7 +24,8 @@ def offline_prefix():
     """`unshare -n` (root) or `unshare -rn` (user namespace) when either works here, else []."""
     unshare = shutil.which("unshare")
     for flags in (["-n"], ["-r", "-n"]):
-        if unshare and subprocess.run([unshare, *flags, "true"], capture_output=True).returncode == 0:
+        works = unshare and subprocess.run([unshare, *flags, "true"], capture_output=True)
+        if works and works.returncode == 0:
             return [unshare, *flags]
     return []
 

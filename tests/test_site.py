@@ -137,7 +137,8 @@ def network_namespace_command():
     """`unshare -n` (as root) or `unshare -rn` (a user namespace): whichever works here, or None."""
     unshare = shutil.which("unshare")
     for flags in (["-n"], ["-r", "-n"]):
-        if unshare and subprocess.run([unshare, *flags, "true"], capture_output=True).returncode == 0:
+        works = unshare and subprocess.run([unshare, *flags, "true"], capture_output=True)
+        if works and works.returncode == 0:
             return [unshare, *flags]
     return None
 
