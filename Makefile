@@ -70,7 +70,7 @@ lab: $(BIN)/.lab-installed site
 ## headless chromium prints a single-page build (no browser is downloaded)
 pdf: site
 	SPECDEC_STATIC_SITE=1 $(BIN)/jupyter-book build . --builder singlehtml --warningiserror --nitpick --keep-going
-	$(BIN)/python scripts/pdf.py _build/singlehtml/index.html _build/pdf/exact-by-construction.pdf
+	$(BIN)/python scripts/pdf.py _build/singlehtml/book/intro.html _build/pdf/exact-by-construction.pdf
 
 ## make bench: time the literal loops against the vectorised engine
 bench: $(BIN)/.installed
