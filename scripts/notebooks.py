@@ -86,7 +86,7 @@ class Converter:
         return entries
 
     def _prf_titles(self):
-        """label -> 'Theorem (title)' for every sphinx-proof directive in the sources."""
+        """label -> 'Theorem 2.1' (as the site numbers it) for every sphinx-proof directive."""
         titles = {}
         pattern = re.compile(r"^[`:]{3,}\{prf:(\w+)\}\s*(.*)\n(?:(?::\w+:.*\n)*)", re.M)
         for docname in self.env.found_docs:
@@ -96,16 +96,17 @@ class Converter:
             for match in pattern.finditer(source.read_text(encoding="utf-8")):
                 label = re.search(r":label:\s*(\S+)", match.group(0))
                 if label:
-                    kind, title = match.group(1).capitalize(), match.group(2).strip()
-                    titles[label.group(1)] = self._prf_heading(kind, title)
+                    kind = match.group(1).capitalize()
+                    titles[label.group(1)] = f"{kind} {self._number(label.group(1))}".strip()
         return titles
 
-    @staticmethod
-    def _prf_heading(kind, title):
-        """'Theorem 3.8 (Leviathan et al.)' as written, or 'Theorem (title)' for a bare title."""
-        if not title:
-            return kind
-        return title if title.lower().startswith(kind.lower()) else f"{kind} ({title})"
+    def _number(self, label):
+        """'2.1' for a numbered theorem, figure or table label, as the site numbers it; else ''."""
+        for numbers in self.env.toc_fignumbers.values():
+            for kind in numbers.values():
+                if label in kind:
+                    return ".".join(map(str, kind[label]))
+        return ""
 
     def _glued(self, docname, key):
         """The glued output named key (myst-nb's data, prefix removed) of a chapter."""
@@ -208,7 +209,9 @@ class Converter:
                 return [f"![{arg}]({self._attach(cell, arg, data)})"]
             return ["```text", data["text/plain"], "```"]
         if name in PRF_DIRECTIVES:
-            heading = self._prf_heading(name.split(":")[1].capitalize(), arg)
+            number = self._number(options["label"]) if "label" in options else ""
+            heading = f"{name.split(':')[1].capitalize()} {number}".strip()
+            heading += f" ({arg})" if arg else ""
             inner = self.convert_lines(docname, body, cell)
             return [f"> **{heading}.**", ">", *(f"> {line}".rstrip() for line in inner)]
         if name == "prf:proof":
