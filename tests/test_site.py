@@ -216,7 +216,7 @@ def browser_processes(home):
 def test_the_browser_is_cut_off_from_the_network(browser):
     """Every Chromium process runs in its own network namespace with only loopback, so no
     connection can leave the machine, whatever the browser tries."""
-    visit(browser, SITE / "index.html")
+    visit(browser, SITE / "book" / "intro.html")
     pids = browser_processes(browser.home)
     assert pids, "no Chromium process found"
     report = {pid: isolation(pid) for pid in pids}
@@ -230,7 +230,7 @@ def test_the_isolation_check_can_fail():
 
 def test_the_browser_keeps_to_its_own_folders(browser):
     """Profile, config, cache and dconf go to the fixture's temporary folder, not to the home."""
-    visit(browser, SITE / "index.html")
+    visit(browser, SITE / "book" / "intro.html")
     for pid in browser_processes(browser.home):
         environ = dict(
             item.split("=", 1)
@@ -270,7 +270,7 @@ def new_page(browser, width):
 def settle(page):
     """Wait for MathJax to typeset and every image to load."""
     page.wait_for_function("() => !window.MathJax || (MathJax.startup && MathJax.startup.promise)")
-    page.evaluate("() => window.MathJax ? MathJax.startup.promise : null")
+    page.evaluate("() => window.MathJax && MathJax.startup ? MathJax.startup.promise : null")
     page.evaluate(
         "() => Promise.all([...document.images].map(i => { i.loading = 'eager'; "
         "return i.complete ? null : i.decode().catch(() => null); }))"
@@ -415,3 +415,54 @@ def test_the_browser_check_can_fail(browser, tmp_path):
     assert errors and any(width == 0 for _, width, _ in result["images"])
     assert result["rawTex"] == 1 and result["code"] and result["clipped"]
     assert all(w < 300 for _, w in result["drawn"])
+
+
+# ---- what a reader expects of a book: numbers, a stamp, citations that lead to the paper ---
+
+
+def test_every_page_says_its_version_and_date():
+    version = re.search(r'^version = "(.+)"', (ROOT / "pyproject.toml").read_text(), re.M)[1]
+    stamp = re.compile(rf"version {re.escape(version)}\b.*built from the sources of \d{{4}}-\d\d")
+    pages = [p for p in PAGES if p.name not in ("index.html",)]  # index.html only redirects
+    missing = [p.name for p in pages if not stamp.search(p.read_text(encoding="utf-8"))]
+    assert not missing, missing
+
+
+def test_chapters_and_sections_are_numbered():
+    for page in CONTENT_PAGES:
+        if page.stem.startswith("ch"):
+            soup = BeautifulSoup(page.read_text(encoding="utf-8"), "html.parser")
+            numbers = [s.get_text(strip=True) for s in soup.select("main .section-number")]
+            chapter = page.stem[2]
+            assert numbers and numbers[0] == f"{chapter}." and f"{chapter}.1." in numbers, numbers
+
+
+def citations(page):
+    """(href, text of the entry it lands on, that entry's external links) for each citation."""
+    soup = BeautifulSoup(page.read_text(encoding="utf-8"), "html.parser")
+    for a in soup.select('a.reference.internal[href*="bibliography.html#"]'):
+        target = (page.parent / urlsplit(a["href"]).path).resolve()
+        entry = BeautifulSoup(target.read_text(encoding="utf-8"), "html.parser").find(
+            id=urlsplit(a["href"]).fragment
+        )
+        links = [x["href"] for x in entry.select("a.reference.external")] if entry else []
+        yield a["href"], entry.get("role") if entry else None, links
+
+
+def test_citations_land_on_an_entry_that_links_to_the_paper():
+    seen = 0
+    for page in CONTENT_PAGES:
+        for href, role, links in citations(page):
+            seen += 1
+            assert role == "doc-biblioentry", (page.name, href)
+            assert any(link.startswith("https://") for link in links), (page.name, href)
+    assert seen > 0
+
+
+def test_the_citation_check_can_fail(tmp_path):
+    (tmp_path / "bibliography.html").write_text(
+        '<div id="e1" role="doc-biblioentry"><p>An entry without a link.</p></div>'
+    )
+    page = tmp_path / "page.html"
+    page.write_text('<a class="reference internal" href="bibliography.html#e1">[X]</a>')
+    assert list(citations(page)) == [("bibliography.html#e1", "doc-biblioentry", [])]
