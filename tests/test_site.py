@@ -389,16 +389,34 @@ def test_the_menu_and_contents_buttons_work(browser, width):
     assert not outside and not errors, (outside, errors)
 
 
-def test_search_finds_pages_without_errors(browser):
+def search(browser, query, summaries=False):
+    """(number of hits, outside requests, console errors) of a search on the built site; with
+    summaries=True the page also fetches each hit's text, as Sphinx does by default."""
     context, page, outside, errors = new_page(browser, DESKTOP)
-    page.goto((SITE / "search.html").as_uri() + "?q=rejection+residual", wait_until="load")
+    page.goto((SITE / "search.html").as_uri() + f"?q={query}", wait_until="load")
     page.wait_for_function(
         "() => document.querySelectorAll('#search-results li').length > 0", timeout=20000
     )
+    if summaries:
+        page.evaluate(
+            f"() => {{ DOCUMENTATION_OPTIONS.SHOW_SEARCH_SUMMARY = true; "
+            f"Search.performSearch('{query}'); }}"
+        )
     page.wait_for_timeout(1500)  # summaries, if any, are fetched after the list appears
     hits = page.evaluate("() => document.querySelectorAll('#search-results li').length")
     context.close()
+    return hits, outside, errors
+
+
+def test_search_finds_pages_without_errors(browser):
+    hits, outside, errors = search(browser, "rejection")
     assert hits > 0 and not outside and not errors, (hits, outside, errors)
+
+
+def test_the_search_check_can_fail(browser):
+    """Sphinx's default, a summary fetched for each hit, fails from file://: the check sees it."""
+    hits, outside, errors = search(browser, "rejection", summaries=True)
+    assert hits > 0 and any("fetch" in e.lower() for e in errors), errors
 
 
 def test_the_browser_check_can_fail(browser, tmp_path):
