@@ -265,8 +265,10 @@ class Converter:
                     k += 1
                 while k < len(block) and not block[k].strip():
                     k += 1
-                name, arg = match["name"].strip(), match["arg"].strip()
-                out.extend(self.directive(docname, name, arg, options, block[k:], cell))
+                name, arg, indent = match["name"].strip(), match["arg"].strip(), match["indent"]
+                body = [b.removeprefix(indent) for b in block[k:]]  # a directive in a list item
+                made = self.directive(docname, name, arg, options, body, cell)
+                out.extend(indent + m if m else m for m in made)
             i = end + 1
         return out
 
