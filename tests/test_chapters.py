@@ -26,7 +26,7 @@ def execute(notebook, folder):
 
 def test_every_page_in_the_toc_exists_and_its_code_is_run_here():
     toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
-    pages = [toc["root"]] + [entry["file"] for entry in toc["chapters"]]
+    pages = [toc["root"]] + [entry["file"] for part in toc["parts"] for entry in part["chapters"]]
     sources = [ROOT / f"{page}.md" for page in pages]
     assert all(source.exists() for source in sources)
     assert {s for s in sources if "kernelspec:" in s.read_text()} == set(CHAPTERS) != set()
