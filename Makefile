@@ -14,7 +14,7 @@ export JUPYTER_DATA_DIR := $(CURDIR)/$(VENV)/share/jupyter
 export JUPYTER_PLATFORM_DIRS := 1
 export PYDEVD_DISABLE_FILE_VALIDATION := 1
 
-.PHONY: all site test figures notebooks lab bench lint clean distclean
+.PHONY: all site test figures notebooks lab bench stopwatch lint clean distclean
 
 all: site
 
@@ -47,7 +47,7 @@ site: $(BIN)/.installed $(NOTEBOOKS) _build/.core-stamp
 
 ## make test: lint, unit tests of the core, every chapter executed, and the built site checked
 test: site $(BIN)/.test-installed
-	$(BIN)/ruff check specdec_core.py scripts tests
+	$(BIN)/ruff check specdec_core.py tiny_transformer.py scripts tests
 	$(BIN)/python -m pytest
 
 ## make figures: every figure of the book as PNG and SVG in figures/, without the site
@@ -69,9 +69,13 @@ lab: $(BIN)/.lab-installed
 bench: $(BIN)/.installed
 	$(BIN)/python scripts/bench.py
 
+## make stopwatch: race plain against speculative decoding through chapter 8's transformers
+stopwatch: $(BIN)/.installed
+	$(BIN)/python scripts/stopwatch.py
+
 ## make lint: ruff over the core, the scripts and the tests
 lint: $(BIN)/.test-installed
-	$(BIN)/ruff check specdec_core.py scripts tests
+	$(BIN)/ruff check specdec_core.py tiny_transformer.py scripts tests
 
 ## make clean: remove the site, the execution cache, figures and notebooks (keeps .venv)
 clean:
