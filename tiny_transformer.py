@@ -328,18 +328,16 @@ def _seconds(fn):
     return time.thread_time() - start
 
 
-def call_times(config, positions, repeats=7, context=64, batch=1):
-    """Seconds of one forward call, (repeats, len(positions)), interleaved over positions."""
+def call_times(config, positions, repeats=5, context=64, batch=1):
+    """Seconds of one forward call after `context` cached positions, (repeats, len(positions))."""
     net = TinyTransformer(config, batch)
-    ids = np.ones((batch, max(positions)), dtype=np.int64)
-    net.forward(ids[:, :context] if context else ids[:, :1])  # a context to attend to
+    ids = np.ones((batch, max(max(positions), context, 1)), dtype=np.int64)
+    net.forward(ids[:, : max(context, 1)])  # a context to attend to
     base = net.lengths.copy()
     out = np.zeros((repeats, len(positions)))
     with threadpool_limits(limits=BLAS_THREADS, user_api="blas"):
-        for n in positions:  # warm-up: first touches of the cache rows
-            net.rollback(base)
-            net.forward(ids[:, :n])
-        for r in range(repeats):
+        net.forward(ids[:, : max(positions)])  # warm-up: first touch of the cache rows used
+        for r in range(repeats):  # repeats interleaved over the positions
             for j, n in enumerate(positions):
                 net.rollback(base)
                 out[r, j] = _seconds(lambda n=n: net.forward(ids[:, :n]))
@@ -418,8 +416,9 @@ def _call_costs(target, draft, positions, context, batch=1):
     target and draft are TinyTransformers, each call scores `batch` sequences."""
     ids = np.ones((batch, max(max(positions), context)), dtype=np.int64)
     for net in (target, draft):
-        net.reset(batch)
-        net.forward(ids[:, :context])
+        if net.batch != batch or np.any(net.lengths != context):  # prefill once, then reuse
+            net.reset(batch)
+            net.forward(ids[:, :context])
     out = []
     for n in (*positions, None):
         net, n = (draft, 1) if n is None else (target, n)
@@ -483,13 +482,13 @@ def race_rows(result):
     return rows
 
 
-def batch_costs(target_config, draft_config, batches, gamma, repeats=3, context=64):
+def batch_costs(target_config, draft_config, batches, gamma, repeats=3, context=16):
     """Median seconds (len(batches), 3) of T_target(B), T_target(B·(γ+1)) and T_draft(B)."""
     target, draft = TinyTransformer(target_config), TinyTransformer(draft_config)
     out = np.zeros((repeats, len(batches), 3))
     with threadpool_limits(limits=BLAS_THREADS, user_api="blas"):
-        for r in range(repeats):
-            for j, batch in enumerate(batches):
+        for j, batch in enumerate(batches):
+            for r in range(repeats):
                 out[r, j] = _call_costs(target, draft, (1, gamma + 1), context, batch)
     return np.median(out, axis=0)
 

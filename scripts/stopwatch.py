@@ -11,8 +11,8 @@ import tiny_transformer as tt
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tokens", type=int, default=128, help="tokens per generation")
-    parser.add_argument("--repeats", type=int, default=5, help="interleaved repeats")
+    parser.add_argument("--tokens", type=int, default=64, help="tokens per generation")
+    parser.add_argument("--repeats", type=int, default=10, help="interleaved repeats")
     args = parser.parse_args()
     print(", ".join(f"{k}: {v}" for k, v in tt.machine().items()))
     result = tt.race(tt.TARGET, tt.DRAFT, tt.RACE_SETTINGS, args.tokens, args.repeats)

@@ -184,3 +184,10 @@ def test_race_rows_put_the_two_predictions_beside_the_measurement():
 def test_machine_names_cpu_blas_and_threads():
     info = tt.machine()
     assert info["threads"] == 1 and info["cpu"] and info["blas"]
+
+
+def test_exercise_break_even_v_gives_a_speedup_of_exactly_one():
+    expected, gamma, c = sc.chain_stats(0.9, 4).tokens_per_step, 4, 0.12
+    v_star = expected - gamma * c
+    assert sc.measured_cost_speedup(expected, gamma, c, v_star) == pytest.approx(1.0)
+    assert sc.measured_cost_speedup(expected, gamma, c, 0.9 * v_star) > 1
