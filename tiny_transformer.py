@@ -362,7 +362,8 @@ def timed_run(fn):
 
 
 def machine():
-    """{cpu, blas, threads, cores, python, numpy}: what measured this chapter's times."""
+    """{cpu, blas, threads, cores, python, numpy}: what measured this chapter's times (blas is
+    numpy's own library; scipy may load a second one, limited to one thread as well)."""
     cpu = platform.processor() or "unknown CPU"
     try:
         with open("/proc/cpuinfo") as f:
@@ -370,7 +371,9 @@ def machine():
     except (OSError, StopIteration):
         pass
     blas = [i for i in threadpool_info() if i.get("user_api") == "blas"]
-    name = f"{blas[0]['internal_api']} {blas[0]['version']}" if blas else "unknown BLAS"
+    mine = [i for i in blas if "numpy" in os.path.basename(os.path.dirname(i["filepath"]))]
+    lib = (mine or blas or [None])[0]  # the library numpy's matrix products call
+    name = f"{lib['internal_api']} {lib['version']}" if lib else "unknown BLAS"
     return {
         "cpu": cpu,
         "blas": name,
@@ -411,8 +414,9 @@ class Race(NamedTuple):
         return self.target_call[gamma + 1] / self.target_call[1]
 
 
-def _call_costs(target, draft, positions, context, batch=1):
-    """Seconds of one target call per entry of positions, then of one draft call, after context;
+def _call_costs(target, draft, positions, context, batch=1, draft_calls=4):
+    """Seconds of one target call per entry of positions, then of one draft call (the mean of
+    draft_calls in a row, as in a step's drafting loop), each after `context` cached positions;
     target and draft are TinyTransformers, each call scores `batch` sequences."""
     ids = np.ones((batch, max(max(positions), context)), dtype=np.int64)
     for net in (target, draft):
@@ -420,11 +424,14 @@ def _call_costs(target, draft, positions, context, batch=1):
             net.reset(batch)
             net.forward(ids[:, :context])
     out = []
-    for n in (*positions, None):
-        net, n = (draft, 1) if n is None else (target, n)
-        out.append(_seconds(lambda net=net, n=n: net.forward(ids[:, :n])))
-        net.rollback(context)
-    return out
+    for n in positions:
+        out.append(_seconds(lambda n=n: target.forward(ids[:, :n])))
+        target.rollback(context)
+    draft_seconds = 0.0
+    for _ in range(draft_calls):
+        draft_seconds += _seconds(lambda: draft.forward(ids[:, :1]))
+        draft.rollback(context)
+    return [*out, draft_seconds / draft_calls]
 
 
 def race(target_config, draft_config, settings, n_tokens=128, repeats=3, batch=1, seed=8):
