@@ -34,8 +34,8 @@ $(BIN)/.lab-installed: $(BIN)/.installed requirements-lab.txt
 	cp scripts/lab-overrides.json $(VENV)/share/jupyter/lab/settings/overrides.json
 	touch $@
 
-# The execution cache keys on a chapter's own code only: drop it whenever the core changes.
-_build/.core-stamp: specdec_core.py
+# The execution cache keys on a chapter's own code only: drop it whenever a module changes.
+_build/.core-stamp: specdec_core.py tiny_transformer.py
 	rm -rf _build/.jupyter_cache
 	@mkdir -p $(@D)
 	touch $@
