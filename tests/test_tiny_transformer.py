@@ -1,6 +1,9 @@
 """Chapter 8's transformer: the KV cache against a full recompute, rollback, the emitted law,
 and the measured-cost form of Theorem 3.8. No test asserts a time."""
 
+import re
+from pathlib import Path
+
 import numpy as np
 import pytest
 from conftest import P_PASS, P_REJECT
@@ -191,3 +194,12 @@ def test_exercise_break_even_v_gives_a_speedup_of_exactly_one():
     v_star = expected - gamma * c
     assert sc.measured_cost_speedup(expected, gamma, c, v_star) == pytest.approx(1.0)
     assert sc.measured_cost_speedup(expected, gamma, c, 0.9 * v_star) > 1
+
+
+def test_chapter_8_computing_solutions_run():
+    """The python blocks in chapter 8's exercise solutions run and their assertions hold."""
+    text = (Path(__file__).resolve().parents[1] / "book" / "ch8_stopwatch.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text.split("## Exercises", 1)[1], flags=re.S)
+    assert len(blocks) == 2
+    for block in blocks:
+        exec(compile(re.sub(r"^ {3}", "", block, flags=re.M), "ch8", "exec"), {"sc": sc})
