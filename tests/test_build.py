@@ -28,7 +28,8 @@ def fake_python(folder, version):
 
 def project_copy(tmp_path):
     """The Makefile and the files its rules read, in tmp_path, with .venv and the build stamped."""
-    for name in ("Makefile", "requirements.txt", "pyproject.toml", "specdec_core.py"):
+    modules = ("specdec_core.py", "tiny_transformer.py")
+    for name in ("Makefile", "requirements.txt", "pyproject.toml", *modules):
         shutil.copy(ROOT / name, tmp_path / name)
     (tmp_path / "scripts").mkdir()
     shutil.copy(ROOT / "scripts" / "ipython_kernel_config.py", tmp_path / "scripts")
@@ -89,7 +90,7 @@ def test_the_supported_versions_agree_in_makefile_pyproject_and_readme():
 # ---- stale outputs: the execution cache and the site's images -----------------------------------
 
 
-@pytest.mark.parametrize("changed", ["requirements.txt", "specdec_core.py"])
+@pytest.mark.parametrize("changed", ["requirements.txt", "specdec_core.py", "tiny_transformer.py"])
 def test_a_changed_core_or_package_set_drops_the_cache_and_the_old_images(tmp_path, changed):
     project = project_copy(tmp_path)
     (project / "_build" / ".jupyter_cache").mkdir()
@@ -125,7 +126,8 @@ def test_pyproject_declares_the_runtime_dependencies_and_the_pins_satisfy_them()
 
 
 def test_every_module_the_core_and_chapters_import_is_declared_or_standard():
-    code = [(ROOT / "specdec_core.py").read_text()] + [
+    own = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["py-modules"]
+    code = [(ROOT / f"{module}.py").read_text() for module in own] + [
         cell.source
         for chapter in (ROOT / "book").glob("ch*.md")
         for cell in jupytext.read(chapter).cells
@@ -137,8 +139,8 @@ def test_every_module_the_core_and_chapters_import_is_declared_or_standard():
         for m in re.finditer(r"^\s*(?:import|from) (\w[\w.]*)", source, re.M)
     }
     provided = {"numpy", "scipy", "matplotlib", "matplotlib_inline", "pandas", "myst_nb"}
-    provided |= {"ipywidgets", "IPython"}  # IPython comes with any Jupyter kernel
-    third_party = imported - set(sys.stdlib_module_names) - {"specdec_core"}
+    provided |= {"ipywidgets", "IPython", "threadpoolctl"}  # IPython comes with any kernel
+    third_party = imported - set(sys.stdlib_module_names) - set(own)
     assert third_party <= provided, third_party - provided
 
 
