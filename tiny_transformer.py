@@ -102,6 +102,11 @@ def _gelu(x):
     return 0.5 * x * (1 + np.tanh(0.7978845608 * (x + 0.044715 * x**3)))
 
 
+def _dense(x, w):
+    """x @ w as one matrix product over all B·n rows of x (B, n, d): the weights are read once."""
+    return (x.reshape(-1, x.shape[-1]) @ w).reshape(*x.shape[:-1], w.shape[1])
+
+
 def _softmax(x):
     """exp(x − max) normalised over the last axis."""
     e = np.exp(x - x.max(axis=-1, keepdims=True))
@@ -171,15 +176,15 @@ class TinyTransformer:
         x = self.embed[ids] + self.position[pos]  # (B, n, d)
         for index, layer in enumerate(self.layers):
             x = x + self._attend(index, layer, _layer_norm(x, layer.ln1), pos)
-            x = x + _gelu(_layer_norm(x, layer.ln2) @ layer.w_up) @ layer.w_down
+            x = x + _dense(_gelu(_dense(_layer_norm(x, layer.ln2), layer.w_up)), layer.w_down)
         self.lengths = self.lengths + ids.shape[1]
-        return _layer_norm(x, self.final_norm) @ self.unembed  # (B, n, 18), the config's dtype
+        return _dense(_layer_norm(x, self.final_norm), self.unembed)  # (B, n, 18), config's dtype
 
     def _attend(self, index, layer, h, pos):
         """Causal multi-head attention of the new positions over the cache and themselves."""
         batch, n, d = h.shape
         heads = self.config.n_heads
-        q, k, v = np.split(h @ layer.w_qkv, 3, axis=-1)  # (B, n, d) each
+        q, k, v = np.split(_dense(h, layer.w_qkv), 3, axis=-1)  # (B, n, d) each
         rows = np.arange(batch)[:, None]
         self.keys[index][rows, pos] = k
         self.values[index][rows, pos] = v
@@ -194,7 +199,7 @@ class TinyTransformer:
             visible, scores / math.sqrt(d // heads), -np.inf
         )  # weak float: keeps dtype
         out = _softmax(scores) @ split(self.values[index][:, :span])  # (B, H, n, d/H)
-        return out.transpose(0, 2, 1, 3).reshape(batch, n, d) @ layer.w_o
+        return _dense(out.transpose(0, 2, 1, 3).reshape(batch, n, d), layer.w_o)
 
     def _check_ids(self, ids):
         """ids as an int array (B, n) of context rows that fits in the cache, else an error."""

@@ -70,6 +70,15 @@ def test_rollback_per_sequence_in_a_batch():
     assert np.allclose(first[1], full[1, 5:7], atol=1e-10)
 
 
+def test_a_batch_call_gives_each_sequence_its_own_logits():
+    """One call over B sequences (one matrix product over B·n rows) equals B separate calls."""
+    ids = np.concatenate([sequence(6, seed=s) for s in (5, 6, 7)])
+    together = full_logits(ids)
+    alone = np.concatenate([full_logits(ids[i : i + 1]) for i in range(3)])
+    assert np.allclose(together, alone, rtol=0, atol=1e-10)
+    assert not np.allclose(together, alone[::-1], atol=1e-6)  # control: rows do differ
+
+
 def test_without_rollback_the_answer_changes():
     """Negative control: skipping the rollback leaves rejected keys visible."""
     ids, other = sequence(10, seed=1), sequence(10, seed=2)
