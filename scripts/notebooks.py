@@ -22,7 +22,7 @@ from pathlib import Path
 import nbformat
 
 INSTALL = "python -m pip install -r requirements.txt jupyterlab"
-RUNTIME = ("numpy", "scipy", "pandas", "matplotlib", "ipykernel", "ipywidgets")
+NOT_IN_ARCHIVE = {"myst-nb"}  # the notebooks carry a stand-in for its glue
 GLUE_IMPORT = "from myst_nb import glue"
 GLUE_STANDIN = '''def glue(name, value, display=True):
     """Stand-in for the book's glue: the text of this notebook already shows the values."""
@@ -316,13 +316,16 @@ class Converter:
 
 
 def _requirements(root):
-    """The archive's requirements: the runtime packages at the book's own pinned versions."""
+    """The archive's requirements: pyproject's runtime packages and a kernel, at the book's pins."""
     pins = {}
     for line in (root / "requirements.txt").read_text().splitlines():
         if "==" in line and not line.startswith("#"):
             name, version = line.split("==", 1)
             pins[name.strip().lower().replace("_", "-")] = version.strip()
-    return "".join(f"{name}=={pins[name]}\n" for name in RUNTIME)
+    declared = tomllib.loads((root / "pyproject.toml").read_text())["project"]["dependencies"]
+    names = [re.match(r"[\w.-]+", spec)[0].lower().replace("_", "-") for spec in declared]
+    runtime = [name for name in names if name not in NOT_IN_ARCHIVE] + ["ipykernel"]
+    return "".join(f"{name}=={pins[name]}\n" for name in runtime)
 
 
 def _modules(root):
