@@ -1245,6 +1245,28 @@ def completed_law(law, target_row, length):
     return dict(out)
 
 
+def toy_completed_law(w, gamma, ctx=BOS, block=True, exact=True):
+    """(law, reference), each (V,)·(γ + 1): one step from ctx completed by target draws, and p's.
+
+    The emitted strings of length i + 1 are summed over the drafts after position i, then each
+    is extended by the bigram target to γ + 1 tokens (an array version of completed_law).
+    """
+    paths, _ = toy_block_paths(w, gamma, ctx, exact)
+    p, _ = model_matrices(w, exact)
+    tau, laws = step_outcomes(paths, block)
+    weighted = paths.prob[:, None, None] * tau[:, :, None] * laws  # (N, γ + 1, V)
+    law = 0
+    for i in range(gamma + 1):
+        part = weighted[:, i].reshape((V,) * i + (V ** (gamma - i), V)).sum(axis=i)
+        for _ in range(gamma - i):  # complete: next token from p(· | last token)
+            part = part[..., None] * p[1:]
+        law = law + part
+    reference = p[CONTEXT_INDEX[ctx]]
+    for _ in range(gamma):
+        reference = reference[..., None] * p[1:]
+    return law, reference
+
+
 def ideal_block_bound(paths, target_row):
     """Σ_i Σ_{x^i} min(P_q(x^i), P_p(x^i)): no exact verifier keeps more drafts on average."""
     gamma = paths.tokens.shape[1]
@@ -1434,7 +1456,7 @@ MD_CTX, MD_W = "t", Fraction(3, 10)  # the one position of the multi-draft table
 MD_KS = (1, 2, 3, 4)
 MD_FRACTION_LIMIT = 3  # rules that branch per candidate run in Fractions up to this k
 BLOCK_GAMMA = 3
-BLOCK_WEIGHTS = [0.0, 0.2, 0.4, 0.6, 0.8, 1.0]
+BLOCK_WEIGHTS = [0.0, 0.3, 0.6, 0.9, 1.0]
 RANDOM_PAIRS = 2000
 
 
