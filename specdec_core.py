@@ -1119,8 +1119,8 @@ def _path_ratio(target, draft, tokens):
     return np.where(positive, p_x / np.where(positive, q_x, 1), 0 * p_x)
 
 
-def _block_tables(target, draft, tokens):
-    """Sun et al.'s h_i, (N, γ + 1), and the law drawn when τ = i, (N, γ + 1, V).
+def _block_h(target, draft, tokens):
+    """Sun et al.'s h_i, (N, γ + 1), and the excess max(p_i·p(· | X^i) − q(· | X^i), 0).
 
     p_0 = 1, p_i = min(p_{i−1}·p(X_i)/q(X_i), 1); h_i = Z_i/(Z_i + 1 − p_i) with
     Z_i = Σ_x max(p_i·p(x | X^i) − q(x | X^i), 0) for i < γ (0/0 read as 1), h_γ = p_γ.
@@ -1135,8 +1135,14 @@ def _block_tables(target, draft, tokens):
     z = excess.sum(axis=2)
     denominator = z + 1 - weight[:, :gamma]
     h = np.where(denominator > 0, z / np.where(denominator > 0, denominator, 1), 1)
-    laws = np.concatenate([_normalise_or(excess, target[:, :gamma]), target[:, gamma:]], axis=1)
-    return np.concatenate([h, weight[:, gamma:]], axis=1), laws
+    return np.concatenate([h, weight[:, gamma:]], axis=1), excess
+
+
+def _block_tables(target, draft, tokens):
+    """h_i, (N, γ + 1), and the law drawn when τ = i, (N, γ + 1, V): the residual, or p at γ."""
+    h, excess = _block_h(target, draft, tokens)
+    gamma = tokens.shape[1]
+    return h, np.concatenate([_normalise_or(excess, target[:, :gamma]), target[:, gamma:]], axis=1)
 
 
 def _tau_law_block(h):
@@ -1164,12 +1170,17 @@ def block_verify(target_probs, draft_probs, draft_tokens, rng):
     _check_batch(target_probs, draft_probs, draft_tokens)
     _check_rng(rng)
     batch, gamma = draft_tokens.shape
-    h, laws = _block_tables(target_probs.astype(float), draft_probs.astype(float), draft_tokens)
+    rows = np.arange(batch)
+    target_probs = np.asarray(target_probs, dtype=float)
+    h, excess = _block_h(target_probs, np.asarray(draft_probs, dtype=float), draft_tokens)
     passed = rng.random((batch, gamma)) < h[:, 1:]  # (B, γ): η_i < h_i
     last = gamma - np.argmax(passed[:, ::-1], axis=1) if gamma else 0  # largest i that passed
     accepted = np.where(passed.any(axis=1), last, 0)
-    final = _sample_rows(laws[np.arange(batch), accepted], rng)
-    return accepted, _emitted(draft_tokens, accepted, final)
+    p_end = target_probs[rows, accepted]  # (B, V)
+    if gamma:  # residual max(p_τ·p − q, 0) at τ < γ; p itself at τ = γ
+        residual = _normalise_or(excess[rows, np.minimum(accepted, gamma - 1)], p_end)
+        p_end = np.where((accepted < gamma)[:, None], residual, p_end)
+    return accepted, _emitted(draft_tokens, accepted, _sample_rows(p_end, rng))
 
 
 class DraftPaths(NamedTuple):
