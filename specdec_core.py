@@ -1507,32 +1507,28 @@ def block_sweep(weights=BLOCK_WEIGHTS, gamma=BLOCK_GAMMA):
 
 
 def plot_multi_draft_acceptance(rows, optima):
-    """Acceptance against k for each multi-draft rule; the LP optimum at k = 2 as stars."""
-    fig, ax = _new_figure()
-    markers = ["o", "s", "v", "D", "^"]
-    for key, marker in zip(MULTI_DRAFT_RULES, markers):
+    """Acceptance against k for each multi-draft rule; the LP optima at k = 2 as stars."""
+    fig, ax = _new_figure(figsize=(6.4, 5.2))
+    for key, marker in zip(MULTI_DRAFT_RULES, ["o", "s", "v", "D", "^"]):
         mine = [r for r in rows if r["rule"] == key]
         dash = ":" if key.startswith("broken") else "-"
-        ax.plot(
-            [r["k"] for r in mine], [r["acceptance"] for r in mine], dash, marker=marker, label=key
-        )
-    names = {"iid": "i.i.d.", "without": "without repl.", "top-k": "top-2"}
-    for i, (draws, value) in enumerate(optima.items()):
-        ax.plot(
-            [2 + 0.08 * (i - 1)],
-            [value],
-            "*",
-            markersize=13,
-            color=OKABE_ITO[7 - i],
-            label=f"LP optimum, k = 2, {names[draws]}",
-        )
+        x, y = [r["k"] for r in mine], [r["acceptance"] for r in mine]
+        ax.plot(x, y, dash, marker=marker, label=key)
+    ax.plot(
+        [2, 2],
+        [optima["iid"], optima["top-k"]],
+        "*",
+        color="black",
+        markersize=15,
+        label="LP optimum, k = 2",
+    )
     ax.set_xticks(list(MD_KS))
     ax.set(
         xlabel="candidates k",
         ylabel="P(a candidate is kept)",
-        title=f"Several drafts for one position ('{MD_CTX}', w = {float(MD_W):g})",
+        title=f"k drafts at '{MD_CTX}', w = {float(MD_W):g}",
     )
-    ax.legend(ncol=2, fontsize=8, loc="center right")
+    fig.legend(loc="lower center", ncol=2, bbox_to_anchor=(0.5, -0.16))
     return fig
 
 
@@ -1542,9 +1538,9 @@ def plot_block_gains(gains):
     ax.hist(gains, bins=40, color=OKABE_ITO[0])
     ax.axvline(0, color="black", linewidth=1)
     ax.set(
-        xlabel="block − per-token, expected accepted drafts per step",
+        xlabel="gain in kept drafts per step",
         ylabel="random pairs",
-        title=f"Block verification gains on {len(gains):,} random pairs (γ = 3, V = 3)",
+        title=f"Block − per-token, {len(gains):,} pairs",
     )
     return fig
 
@@ -1554,22 +1550,13 @@ def plot_block_tokens_vs_w(sweep, gamma=BLOCK_GAMMA):
     fig, ax = _new_figure()
     grid = np.linspace(0, 1, 51)
     ax.plot(
-        grid,
-        [rule_tokens_per_call(w, gamma) for w in grid],
-        color=OKABE_ITO[0],
-        label="per-token (Leviathan et al.)",
+        grid, [rule_tokens_per_call(w, gamma) for w in grid], color=OKABE_ITO[0], label="per-token"
     )
-    ax.plot(
-        list(sweep),
-        [b for _, b in sweep.values()],
-        "s--",
-        color=OKABE_ITO[1],
-        label="block (Sun et al. 2025)",
-    )
+    ax.plot(list(sweep), [b for _, b in sweep.values()], "s--", color=OKABE_ITO[1], label="block")
     ax.set(
         xlabel="draft weight w",
         ylabel="tokens per target call",
-        title=f"Exact long-run tokens per call on the toy, γ = {gamma}",
+        title=f"Exact tokens per call, γ = {gamma}",
     )
     ax.legend()
     return fig
@@ -1577,18 +1564,18 @@ def plot_block_tokens_vs_w(sweep, gamma=BLOCK_GAMMA):
 
 def plot_lossy_frontier(rows, exact_points):
     """Tokens per call against TV from p: lossy knobs as marked lines, exact rules at TV = 0."""
-    fig, ax = _new_figure(figsize=(7.5, 4.2))
+    fig, ax = _new_figure(figsize=(6.4, 5.2))
     for family, marker, dash in zip(LOSSY_KNOBS, ["o", "s", "^"], ["-", "--", ":"]):
         mine = [r for r in rows if r[0] == family]
         ax.plot([r[3] for r in mine], [r[2] for r in mine], dash, marker=marker, label=family)
-    for i, (name, value) in enumerate(exact_points.items()):
-        ax.plot([0], [value], "*", markersize=14, color=OKABE_ITO[7 - i], label=name)
+    for (name, value), colour in zip(exact_points.items(), [OKABE_ITO[7], OKABE_ITO[3]]):
+        ax.plot([0], [value], "*", markersize=16, color=colour, label=name)
     ax.set(
-        xlabel="TV of the first two tokens from p (exact)",
+        xlabel="TV of the first two tokens from p",
         ylabel="tokens per target call",
-        title="What lossy verifiers buy, and what they cost (w = 0.3, γ = 3)",
+        title="Lossy verifiers: speed against error",
     )
-    ax.legend(fontsize=8)
+    fig.legend(loc="lower center", ncol=2, bbox_to_anchor=(0.5, -0.16))
     return fig
 
 
