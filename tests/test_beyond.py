@@ -370,3 +370,9 @@ def test_strict_verification_accepts_less_than_the_rule():
         sc.PI_P[c] * sum(sc.p_dist(c)[t] * sc.q_dist(c, 0.3)[t] for t in sc.VOCAB) for c in sc.VOCAB
     )
     assert sc.strict_alpha(0.3) == pytest.approx(direct, rel=1e-12)
+
+
+def test_chapter_7_exercise_eagle_top_4_at_w_1():
+    p, q = rows_at("t", F(1))
+    rule = sc.MULTI_DRAFT_RULES["EAGLE-2 top-k"]
+    assert sc.multi_draft_acceptance(rule, p, q, 4) == F(15, 29) == sum(sorted(p)[-4:])
