@@ -1506,6 +1506,14 @@ def block_sweep(weights=BLOCK_WEIGHTS, gamma=BLOCK_GAMMA):
     return {w: (rule_tokens_per_call(w, gamma), toy_tokens_per_call(w, gamma)) for w in weights}
 
 
+SHORT_NAMES = {  # legend labels that fit a phone
+    "without replacement": "without repl.",
+    "broken: q not renormalised": "broken (q not renorm.)",
+    "Medusa typical (ε, δ)·s": "Medusa (ε, δ)·s",
+    "thresholds t < 1": "thresholds t",
+}
+
+
 def plot_multi_draft_acceptance(rows, optima):
     """Acceptance against k for each multi-draft rule; the LP optima at k = 2 as stars."""
     fig, ax = _new_figure(figsize=(6.4, 5.2))
@@ -1513,7 +1521,7 @@ def plot_multi_draft_acceptance(rows, optima):
         mine = [r for r in rows if r["rule"] == key]
         dash = ":" if key.startswith("broken") else "-"
         x, y = [r["k"] for r in mine], [r["acceptance"] for r in mine]
-        ax.plot(x, y, dash, marker=marker, label=key)
+        ax.plot(x, y, dash, marker=marker, label=SHORT_NAMES.get(key, key))
     ax.plot(
         [2, 2],
         [optima["iid"], optima["top-k"]],
@@ -1567,7 +1575,8 @@ def plot_lossy_frontier(rows, exact_points):
     fig, ax = _new_figure(figsize=(6.4, 5.2))
     for family, marker, dash in zip(LOSSY_KNOBS, ["o", "s", "^"], ["-", "--", ":"]):
         mine = [r for r in rows if r[0] == family]
-        ax.plot([r[3] for r in mine], [r[2] for r in mine], dash, marker=marker, label=family)
+        x, y = [r[3] for r in mine], [r[2] for r in mine]
+        ax.plot(x, y, dash, marker=marker, label=SHORT_NAMES.get(family, family))
     for (name, value), colour in zip(exact_points.items(), [OKABE_ITO[7], OKABE_ITO[3]]):
         ax.plot([0], [value], "*", markersize=16, color=colour, label=name)
     ax.set(
