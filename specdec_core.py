@@ -174,8 +174,38 @@ def _check_step_args(ctx, gamma, w):
     _check_unit_interval(w, "w")
 
 
-def speculative_step(ctx, gamma, w, rng):
-    """One step of Algorithm 1: draft gamma tokens from q_w, keep each with prob min(1, p/q)."""
+class StepTrace(NamedTuple):
+    """One speculative step as it happened: drafts, ratios, uniforms, the last token."""
+
+    ctx: str
+    draft: list  # the gamma drafted tokens
+    ratios: list  # min(1, p(x)/q(x)) of each drafted token
+    uniforms: list  # the uniform r of each ratio test that ran
+    accepted: int  # n, the drafts kept
+    last: str  # the residual draw after a rejection, or the bonus token from p
+
+    @property
+    def tokens(self):
+        """The tokens the step emits: the kept drafts, then the last token."""
+        return self.draft[: self.accepted] + [self.last]
+
+    @property
+    def tests(self):
+        """Ratio tests run: min(n + 1, gamma)."""
+        return len(self.uniforms)
+
+    @property
+    def boxes(self):
+        """(token, kind) in display order: drafts tested, the last token, drafts never tested."""
+        n, bonus = self.accepted, self.accepted == len(self.draft)
+        kinds = ["accepted"] * n + ([] if bonus else ["rejected"])
+        drafted = [(x, kind) for x, kind in zip(self.draft, kinds)]
+        untested = [(x, "not tested") for x in self.draft[n + 1 :]]
+        return drafted + [(self.last, "bonus" if bonus else "resampled")] + untested
+
+
+def trace_step(ctx, gamma, w, rng):
+    """One step of Algorithm 1: draft gamma tokens, keep each w.p. min(1, p/q)."""
     _check_step_args(ctx, gamma, w)
     _check_rng(rng)
     draft, q_dists, c = [], [], ctx
@@ -186,18 +216,36 @@ def speculative_step(ctx, gamma, w, rng):
         q_dists.append(q)
     path = [ctx] + draft  # the context of each of the gamma + 1 positions
     p_dists = [p_dist(c) for c in path]  # 2. one batched target pass over all of them
-    n = 0
-    for x, p, q in zip(draft, p_dists, q_dists):  # 3. ratio tests, left to right
-        if rng.random() < min(1.0, p[x] / q[x]):  # q(x) <= p(x): always kept
-            n += 1
-        else:
+    ratios = [min(1.0, p[x] / q[x]) for x, p, q in zip(draft, p_dists, q_dists)]
+    uniforms, n = [], 0
+    for ratio in ratios:  # 3. ratio tests, left to right, a fresh uniform each
+        uniforms.append(rng.random())
+        if uniforms[-1] >= ratio:  # rejected (never where q(x) <= p(x), ratio 1)
             break
-    n_tests = min(n + 1, gamma)
-    if n == gamma:  # 5. all kept: a bonus token from p at position gamma + 1
-        last = _draw(p_dists[gamma], rng)
-    else:  # 4. first rejection: draw from the residual at that position
+        n += 1
+    if n < gamma:  # 4. first rejection: draw from the residual at that position
         last = _draw(residual_dist(path[n], w), rng)
-    return draft[:n] + [last], n, n_tests
+    else:  # 5. all kept: a bonus token from p at position gamma + 1
+        last = _draw(p_dists[gamma], rng)
+    return StepTrace(ctx, draft, ratios, uniforms, n, last)
+
+
+def speculative_step(ctx, gamma, w, rng):
+    """One step of Algorithm 1: (emitted tokens, drafts kept n, ratio tests run)."""
+    step = trace_step(ctx, gamma, w, rng)
+    return step.tokens, step.accepted, step.tests
+
+
+def trace_run(n_steps, gamma, w, ctx, rng):
+    """n_steps chained steps from ctx, each a StepTrace (for the figure of a run)."""
+    _check_count(n_steps, "n_steps")
+    _check_step_args(ctx, gamma, w)
+    _check_rng(rng)
+    steps = []
+    for _ in range(n_steps):
+        steps.append(trace_step(ctx, gamma, w, rng))
+        ctx = steps[-1].last
+    return steps
 
 
 def speculative_generate(n_tokens, gamma, w, ctx, rng):
@@ -668,6 +716,17 @@ class Comparison(NamedTuple):
         return chi_square_p_value(self.counts, self.exact)
 
     @property
+    def sigma(self):
+        """Standard error of each frequency under the exact law, √(p(1 − p)/n)."""
+        return np.sqrt(self.exact * (1 - self.exact) / self.n)
+
+    @property
+    def pearson_residuals(self):
+        """(count − n·p)/√(n·p) per outcome; their squares sum to Pearson's statistic."""
+        expected = self.n * self.exact
+        return (self.counts - expected) / np.sqrt(expected)
+
+    @property
     def chi_square(self):
         """Pearson's statistic Σ (count − n·p)² / (n·p), on len(counts) − 1 degrees of freedom."""
         return float(stats.chisquare(self.counts, self.exact * self.n).statistic)
@@ -718,6 +777,27 @@ def noise_reference(probs, n, rng, reps=2000):
         "q95_max_gap": float(np.quantile(max_gap, 0.95)),
         "mean_tv": float(tv.mean()),
         "q95_tv": float(np.quantile(tv, 0.95)),
+    }
+
+
+def noise_bands(probs, n, rng, reps=2000):
+    """Under n exact draws from probs: 95th percentile of max |p̂ − p|/σ; mean, sd of the TV."""
+    probs = np.asarray(probs, float)
+    if probs.ndim != 1 or np.any(probs <= 0) or np.any(probs >= 1) or abs(probs.sum() - 1) > 1e-9:
+        raise ValueError("probs must be a 1-D array of probabilities in (0, 1) summing to 1")
+    _check_count(n, "n")
+    if n == 0:
+        raise ValueError("n must be at least 1")
+    _check_count(reps, "reps")
+    _check_rng(rng)
+    freq = rng.multinomial(n, probs, size=reps) / n  # (reps, K)
+    gap = np.abs(freq - probs)
+    z = gap / np.sqrt(probs * (1 - probs) / n)
+    tv = 0.5 * gap.sum(axis=1)
+    return {
+        "q95_max_z": float(np.quantile(z.max(axis=1), 0.95)),
+        "mean_tv": float(tv.mean()),
+        "sd_tv": float(tv.std()),
     }
 
 
@@ -1593,7 +1673,15 @@ def plot_lossy_frontier(rows, exact_points):
 # --------------------------------------------------------------------------------------------
 
 N_DRAWS = 200_000
-SEEDS = {"sampling": 11, "one_token": 12, "joint": 13, "sweep": 14, "noise": 15}
+SEEDS = {
+    "sampling": 11,
+    "one_token": 12,
+    "joint": 13,
+    "sweep": 14,
+    "noise": 15,
+    "literal": 17,
+    "trace": 18,
+}
 SWEEP_WEIGHTS = [round(0.1 * i, 1) for i in range(11)]
 SWEEP_CHAINS = 200  # independent chains per weight in the sweep
 
@@ -1758,13 +1846,15 @@ def _use_retina_png():
         set_matplotlib_formats("retina")
 
 
-def _new_figure(ncols=1, nrows=1, **kwargs):
-    """A figure in the book's style."""
-    import matplotlib.pyplot as plt
+def _new_figure(ncols=1, nrows=1, figsize=None, **kwargs):
+    """A figure in the book's style, kept out of pyplot: it shows only where it is displayed."""
+    import matplotlib as mpl
+    from matplotlib.figure import Figure
 
-    plt.rcParams.update(BOOK_STYLE)
+    mpl.rcParams.update(BOOK_STYLE)
     _use_retina_png()
-    return plt.subplots(nrows, ncols, **kwargs)
+    fig = Figure(figsize=figsize)  # not registered with pyplot, so a folded cell shows no copy
+    return fig, fig.subplots(nrows, ncols, **kwargs)
 
 
 def _token_axis(ax, labels=VOCAB, axis="x"):
@@ -1779,59 +1869,93 @@ def _legend_on_top(ax, ncol=2):
     ax.legend(ncol=ncol, loc="upper right")
 
 
-def plot_target_heatmap():
-    """Heatmap of the 19 × 18 target probabilities p(x | ctx)."""
-    fig, ax = _new_figure(figsize=(7.5, 6.4))
+def plot_target_heatmap(label_above=0.15):
+    """Heatmap of the 19 × 18 target probabilities p(x | ctx); cells ≥ label_above carry values."""
+    fig, ax = _new_figure(figsize=(6.4, 6.4))
     image = ax.imshow(P_MATRIX, cmap="viridis")
     for (i, j), prob in np.ndenumerate(P_MATRIX):
-        ax.text(
-            j,
-            i,
-            f"{prob:.2f}"[1:],
-            ha="center",
-            va="center",
-            fontsize=6.5,
-            color="white" if prob < 0.5 * P_MATRIX.max() else "black",
-        )
+        if prob >= label_above:
+            ax.text(j, i, f"{prob:.2f}"[1:], ha="center", va="center", fontsize=10)
     _token_axis(ax)
     _token_axis(ax, CONTEXTS, axis="y")
     ax.grid(False)
-    ax.set(xlabel="next token x", ylabel="previous token (context)", title="Target p(x | context)")
-    fig.colorbar(image, ax=ax, shrink=0.8, label="probability")
+    ax.set(xlabel="next token x", ylabel="context (previous token)", title="Target p(x | context)")
+    fig.colorbar(image, ax=ax, shrink=0.7, label="probability")
     return fig
 
 
 def plot_draft_mixture(ctx="t", weights=(0.0, 0.3, 0.7, 1.0)):
-    """Bars of q_w(· | ctx) for several w, from the unigram (w = 0) to the target (w = 1)."""
+    """Markers of q_w(· | ctx) for several w, from the unigram (w = 0) to the target (w = 1)."""
     fig, ax = _new_figure()
-    x, width = np.arange(V), 0.8 / len(weights)
-    for i, w in enumerate(weights):
+    x, shift = np.arange(V), 0.6 / len(weights)
+    for i, (w, marker) in enumerate(zip(weights, "os^D")):
         label = f"w = {w:g}" + {0.0: " (unigram q0)", 1.0: " (target p)"}.get(w, "")
-        ax.bar(
-            x + (i - (len(weights) - 1) / 2) * width,
+        ax.plot(
+            x + (i - (len(weights) - 1) / 2) * shift,
             draft_matrix(w)[CONTEXT_INDEX[ctx]],
-            width,
+            marker,
+            markersize=6,
             label=label,
         )
     _token_axis(ax)
     ax.set(
         xlabel="token x",
         ylabel=f"q_w(x | {show_token(ctx)})",
-        title=f"The draft after context '{show_token(ctx)}' as w moves from 0 to 1",
+        title=f"The draft after '{show_token(ctx)}' as w moves from 0 to 1",
     )
     _legend_on_top(ax)
     return fig
 
 
-def plot_comparison(comparison, title):
-    """Empirical frequencies as bars, exact probabilities as markers."""
+def plot_residuals(comparison, title):
+    """Frequency − exact probability per outcome (×1000), with the ±2σ band, σ = √(p(1 − p)/n)."""
     fig, ax = _new_figure()
     x = np.arange(len(comparison.labels))
-    ax.bar(x, comparison.empirical, color=OKABE_ITO[5], label=f"empirical ({comparison.n:,} draws)")
-    ax.plot(x, comparison.exact, "D", color=OKABE_ITO[3], markersize=5, label="exact p")
+    gap, band = 1000 * (comparison.empirical - comparison.exact), 2000 * comparison.sigma
+    ax.fill_between(x, -band, band, step="mid", color="grey", alpha=0.25, label="±2σ band")
+    ax.axhline(0, color="black", linewidth=0.8)
+    inside = np.abs(gap) <= band
+    ax.plot(x[inside], gap[inside], "o", color=OKABE_ITO[0], label="inside the band")
+    ax.plot(x[~inside], gap[~inside], "X", color=OKABE_ITO[3], markersize=9, label="outside")
     ax.set_xticks(x, [show_token(s) for s in comparison.labels])
-    ax.set(xlabel="token x", ylabel="probability", title=title)
-    ax.legend()
+    ax.set(xlabel="token x", ylabel="(frequency − p) × 1000", title=title)
+    _legend_on_top(ax, ncol=3)
+    return fig
+
+
+STEP_STYLE = {  # the colours of Leviathan et al.'s illustration, and a hatch for each kind
+    "accepted": {"facecolor": OKABE_ITO[2], "hatch": ""},
+    "rejected": {"facecolor": OKABE_ITO[3], "hatch": "xx"},
+    "resampled": {"facecolor": OKABE_ITO[0], "hatch": ".."},
+    "bonus": {"facecolor": OKABE_ITO[5], "hatch": "//"},
+    "not tested": {"facecolor": "white", "hatch": "", "linestyle": "--"},
+}
+
+
+def plot_step_trace(steps):
+    """Each step of a run as a row of boxes: accepted, rejected, resampled, bonus, not tested."""
+    from matplotlib.patches import Patch, Rectangle
+
+    fig, ax = _new_figure(figsize=(6.4, 0.65 * len(steps) + 1.9))
+    for row, step in enumerate(steps):
+        for col, (token, kind) in enumerate(step.boxes):
+            style = STEP_STYLE[kind]
+            ax.add_patch(Rectangle((col + 0.05, row - 0.4), 0.9, 0.8, edgecolor="black", **style))
+            ax.text(
+                col + 0.5, row, show_token(token), ha="center", va="center", fontsize=15,
+                color="grey" if kind == "not tested" else "black",
+                bbox={"boxstyle": "round,pad=0.15", "facecolor": "white", "linewidth": 0},
+            )  # fmt: skip
+    width = max(len(step.boxes) for step in steps)
+    ax.set(xlim=(0, width), ylim=(len(steps) - 0.5, -0.5))
+    ax.set_xticks([])
+    ax.set_yticks(range(len(steps)), [f"{i + 1}" for i in range(len(steps))])
+    ax.grid(False)
+    ax.spines[["left", "bottom"]].set_visible(False)
+    ax.set(xlabel="the step's tokens, left to right", ylabel="step")
+    ax.set_title(f"{len(steps)} speculative steps, γ = {len(steps[0].draft)}")
+    handles = [Patch(edgecolor="black", label=kind, **style) for kind, style in STEP_STYLE.items()]
+    ax.legend(handles=handles, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.08))
     return fig
 
 
@@ -1841,10 +1965,10 @@ def plot_two_paths(ctx="t", w=0.3):
     kept, moved = np.minimum(p, q), _residual_weights(p, q)
     fig, ax = _new_figure()
     x = np.arange(V)
-    ax.bar(x, kept, color=OKABE_ITO[0], label="min(p, q): drafted and kept")
-    ax.bar(x, moved, bottom=kept, color=OKABE_ITO[1], label="max(0, p − q): via the residual")
-    ax.plot(x, p, "_", color="black", markersize=16, markeredgewidth=2, label="p (target)")
-    ax.plot(x, q, "o", color=OKABE_ITO[4], markersize=4, label="q (draft)")
+    ax.bar(x, kept, color=OKABE_ITO[0], label="min(p, q): drafted, kept")
+    ax.bar(x, moved, bottom=kept, color=OKABE_ITO[1], hatch="//", label="max(0, p − q): residual")
+    ax.plot(x, p, "_", color="black", markersize=14, markeredgewidth=2.5, label="p (target)")
+    ax.plot(x, q, "o", color=OKABE_ITO[4], markersize=5, label="q (draft)")
     _token_axis(ax)
     ax.set(
         xlabel="token x",
@@ -1855,41 +1979,52 @@ def plot_two_paths(ctx="t", w=0.3):
     return fig
 
 
-def plot_joint_difference(comparison):
-    """Heatmap of empirical minus exact over the 18 × 18 two-token outcomes."""
-    diff = (comparison.empirical - comparison.exact).reshape(V, V)
-    limit = np.abs(diff).max()
-    fig, ax = _new_figure(figsize=(6.4, 5.4))
-    image = ax.imshow(diff, cmap="RdBu_r", vmin=-limit, vmax=limit)
+def plot_joint_difference(comparison, limit=4):
+    """Heatmap of (count − n·p)/√(n·p) over the 18 × 18 two-token outcomes after BOS."""
+    z = comparison.pearson_residuals.reshape(V, V)
+    fig, ax = _new_figure(figsize=(6.4, 5.6))
+    image = ax.imshow(z, cmap="RdBu_r", vmin=-limit, vmax=limit)
     _token_axis(ax)
     _token_axis(ax, axis="y")
     ax.grid(False)
     ax.set(
         xlabel="second token x₂",
         ylabel="first token x₁",
-        title="Empirical − exact joint, first two tokens from BOS",
+        title=f"Standardised residuals, first two tokens after {BOS}",
     )
-    fig.colorbar(image, ax=ax, shrink=0.8, label="difference in probability")
+    fig.colorbar(image, ax=ax, shrink=0.8, label="(count − n·p) / √(n·p)")
     return fig
 
 
 def plot_controls(rows, noise_q95):
-    """Total variation of each verifier's 200,000-draw sample, against the 95 % noise level."""
+    """Total variation of each verifier's 200,000-draw sample on a log axis, against noise."""
     fig, ax = _new_figure()
     names = [r["verifier"] for r in rows]
     tvs = [r["sampled TV"] for r in rows]
-    colours = [OKABE_ITO[2] if r["passes"] else OKABE_ITO[3] for r in rows]
-    ax.barh(names, tvs, color=colours)
-    ax.axvline(
-        noise_q95, color="black", linestyle="--", label="95th percentile of TV from noise alone"
-    )
+    for name, tv, row in zip(names, tvs, rows):
+        passes = row["passes"]
+        ax.barh(
+            name,
+            tv,
+            color=OKABE_ITO[2] if passes else OKABE_ITO[3],
+            hatch="" if passes else "xx",
+            label="passes the test" if passes else "fails the test",
+        )
+    ax.axvline(noise_q95, color="black", linestyle="--", label="95 % of noise-only TVs")
+    ax.set_xscale("log")
+    ticks = [0.01, 0.02, 0.05, 0.1, 0.2]
+    ax.set_xticks(ticks, [f"{t:g}" for t in ticks], minor=False)
+    ax.set_xticks([], minor=True)
+    ax.set_xlim(0.01, 0.4)
     ax.invert_yaxis()
     ax.set(
-        xlabel="total variation to the target joint",
+        xlabel="total variation to the target joint (log scale)",
         ylabel="verifier",
-        title="The same test on the correct rule and on four broken ones",
+        title="The same test on the correct rule and four broken ones",
     )
-    ax.legend(loc="lower right")
+    handles, labels = ax.get_legend_handles_labels()
+    unique = dict(zip(labels, handles))
+    ax.legend(unique.values(), unique.keys(), loc="upper center", bbox_to_anchor=(0.4, -0.2))
     return fig
 
 
@@ -2124,12 +2259,15 @@ def widget_panel():
 FIGURES = {
     "ch1-target-heatmap": plot_target_heatmap,
     "ch1-draft-mixture": plot_draft_mixture,
-    "ch1-sampling-check": lambda: plot_comparison(
+    "ch1-sampling-check": lambda: plot_residuals(
         sampling_check(), "200,000 draws after context 't'"
     ),
+    "ch2-step-trace": lambda: plot_step_trace(
+        trace_run(5, 4, 0.3, BOS, np.random.default_rng(SEEDS["trace"]))
+    ),
     "ch2-two-paths": plot_two_paths,
-    "ch2-one-token-check": lambda: plot_comparison(
-        one_token_check(), "First token of 200,000 γ = 1 steps after 't' (w = 0.3)"
+    "ch2-one-token-check": lambda: plot_residuals(
+        one_token_check(), "First token of 200,000 γ = 1 steps after 't'"
     ),
     "ch3-joint-difference": lambda: plot_joint_difference(joint_check()),
     "ch3-controls": lambda: plot_controls(
