@@ -1,5 +1,6 @@
 """Every chapter executes top to bottom, and a failing cell fails both this test and the build."""
 
+import os
 import shutil
 import subprocess
 import sys
@@ -25,7 +26,7 @@ def execute(notebook, folder):
 
 def test_every_page_in_the_toc_exists_and_its_code_is_run_here():
     toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
-    pages = [toc["root"]] + [entry["file"] for entry in toc["chapters"]]
+    pages = [toc["root"]] + [entry["file"] for part in toc["parts"] for entry in part["chapters"]]
     sources = [ROOT / f"{page}.md" for page in pages]
     assert all(source.exists() for source in sources)
     assert {s for s in sources if "kernelspec:" in s.read_text()} == set(CHAPTERS) != set()
@@ -58,11 +59,15 @@ def test_a_failing_cell_fails_the_build(tmp_path):
         f"---\n{header}---\n\n# Broken\n\n```{{code-cell}} ipython3\nraise RuntimeError('x')\n```\n"
     )
     jupyter_book = Path(sys.executable).with_name("jupyter-book")
+    scratch = tmp_path / "tmp"  # Sphinx writes its error log (sphinx-err-*.log) here, not in /tmp
+    scratch.mkdir()
     result = subprocess.run(
         [str(jupyter_book), "build", str(tmp_path), "-W", "-n", "--keep-going"],
         capture_output=True,
         text=True,
         timeout=600,
+        env={**os.environ, "TMPDIR": str(scratch)},
     )
     assert result.returncode != 0
     assert "RuntimeError" in result.stdout + result.stderr
+    assert list(scratch.glob("sphinx-err-*.log")), "the error log must land in the test's own dir"
