@@ -16,7 +16,7 @@ export JUPYTER_DATA_DIR := $(CURDIR)/$(VENV)/share/jupyter
 export JUPYTER_PLATFORM_DIRS := 1
 export PYDEVD_DISABLE_FILE_VALIDATION := 1
 
-.PHONY: all site test figures notebooks lab bench lint clean distclean pdf
+.PHONY: all site test figures notebooks lab bench stopwatch lint clean distclean pdf
 
 all: site
 
@@ -53,8 +53,8 @@ $(BIN)/.lab-installed: $(BIN)/.installed requirements-lab.txt
 	touch $@
 
 # The execution cache keys on a chapter's own code only: drop it, and the pages and images made
-# from it, whenever the core or the installed packages change.
-_build/.core-stamp: specdec_core.py $(BIN)/.installed
+# from it, whenever a module (the core, chapter 8's transformer) or the installed packages change.
+_build/.core-stamp: specdec_core.py tiny_transformer.py $(BIN)/.installed
 	rm -rf _build/.jupyter_cache _build/.doctrees _build/jupyter_execute $(SITE)
 	@mkdir -p $(@D)
 	touch $@
@@ -66,7 +66,7 @@ site: $(BIN)/.installed $(NOTEBOOKS) _build/.core-stamp
 
 ## make test: lint, unit tests of the core, every chapter executed, and the built site checked
 test: site $(BIN)/.test-installed
-	$(BIN)/ruff check specdec_core.py scripts tests
+	$(BIN)/ruff check specdec_core.py tiny_transformer.py scripts tests
 	$(BIN)/python -m pytest
 
 ## make figures: every figure of the book as PNG and SVG in figures/, without the site
@@ -95,9 +95,13 @@ pdf: site
 bench: $(BIN)/.installed
 	$(BIN)/python scripts/bench.py
 
+## make stopwatch: race plain against speculative decoding through chapter 8's transformers
+stopwatch: $(BIN)/.installed
+	$(BIN)/python scripts/stopwatch.py
+
 ## make lint: ruff over the core, the scripts and the tests
 lint: $(BIN)/.test-installed
-	$(BIN)/ruff check specdec_core.py scripts tests
+	$(BIN)/ruff check specdec_core.py tiny_transformer.py scripts tests
 
 ## make clean: remove the site, the execution cache, figures and notebooks (keeps .venv)
 clean:

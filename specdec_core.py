@@ -1039,6 +1039,18 @@ def walltime_speedup(alpha, gamma, c):
     return expected_tokens(alpha, gamma) / (gamma * c + 1)
 
 
+def measured_cost_speedup(tokens_per_step, gamma, c, v):
+    """The book's measured-cost form: E[tokens] / (γc + v(γ)); Theorem 3.8 when v = 1."""
+    _check_count(gamma, "gamma")
+    ok = isinstance(tokens_per_step, Real) and not isinstance(tokens_per_step, bool)
+    if not ok or not 1 - 1e-9 <= tokens_per_step <= gamma + 1 + 1e-9:
+        raise ValueError(f"tokens_per_step must lie in [1, gamma + 1], got {tokens_per_step!r}")
+    _check_nonnegative(c, "c")
+    if isinstance(v, bool) or not isinstance(v, Real) or not 0 < v < float("inf"):
+        raise ValueError(f"v must be a positive finite number, got {v!r}")
+    return tokens_per_step / (gamma * c + v)
+
+
 def operations_increase(alpha, gamma, c_hat):
     """Theorem 3.11: (1 − α)(γĉ + γ + 1) / (1 − α^(γ+1))."""
     _check_nonnegative(c_hat, "c_hat")

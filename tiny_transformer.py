@@ -1,0 +1,509 @@
+"""A decoder-only transformer in numpy, small enough to read: chapter 8's cost model.
+
+Each call runs the real forward pass of a model of the configured size (embeddings, causal
+attention with a KV cache, MLP, layer norm, seeded random weights). The weights are random, so
+the logits mean nothing; to keep exactness and α known exactly, a LawModel reports the toy's
+laws (p or q_w from specdec_core) at each position's context instead. What the transformer
+contributes is the time a call takes.
+
+Token ids are context rows of the core: 0 is BOS, token t is t + 1, so `law[ids]` is the law of
+the next token after each input.
+"""
+
+import math
+import os
+import platform
+import time
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
+from threadpoolctl import threadpool_info, threadpool_limits
+
+import specdec_core as sc
+
+BLAS_THREADS = 1  # every timing runs with one BLAS thread, pinned here, not by the shell
+
+
+# --------------------------------------------------------------------------------------------
+# The model: a config, seeded weights, a forward pass with a KV cache
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Config:
+    """Sizes of a decoder-only transformer; d_model must split evenly into n_heads."""
+
+    d_model: int = 256
+    n_layers: int = 2
+    n_heads: int = 4
+    ff_mult: int = 4  # the MLP's hidden width is ff_mult · d_model
+    max_len: int = 256  # longest sequence the cache holds
+    seed: int = 0
+    dtype: str = "float32"
+
+    def __post_init__(self):
+        for name in ("d_model", "n_layers", "n_heads", "ff_mult", "max_len"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if self.d_model % self.n_heads:
+            raise ValueError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
+        if self.dtype not in ("float32", "float64"):
+            raise ValueError(f"dtype must be 'float32' or 'float64', got {self.dtype!r}")
+
+    @property
+    def n_params(self):
+        """Weights: embeddings (19 + max_len)·d, per layer (4 + 2·ff_mult)·d² + 4·d, unembedding."""
+        d = self.d_model
+        per_layer = (4 + 2 * self.ff_mult) * d * d + 4 * d
+        return (len(sc.CONTEXTS) + self.max_len) * d + self.n_layers * per_layer + d * (sc.V + 2)
+
+    @property
+    def weight_bytes(self):
+        """Bytes of the matrices one call reads in full: the layers and the unembedding."""
+        d = self.d_model
+        matrices = self.n_layers * (4 + 2 * self.ff_mult) * d * d + d * sc.V
+        return matrices * np.dtype(self.dtype).itemsize
+
+
+# The chapter's models: three sizes for the cost curves; the race uses "medium" and DRAFT.
+SIZES = {
+    "small": Config(d_model=256, n_layers=2, n_heads=4),
+    "medium": Config(d_model=640, n_layers=2, n_heads=8),
+    "large": Config(d_model=1024, n_layers=2, n_heads=8),
+}
+TARGET = SIZES["medium"]
+DRAFT = Config(d_model=128, n_layers=1, n_heads=4)
+RACE_SETTINGS = [(0.9, 4), (0.5, 3), (0.0, 2)]  # (w, gamma); the first is the main one
+
+
+class Layer(NamedTuple):
+    """One transformer block's weights."""
+
+    ln1: tuple  # (gain (d,), bias (d,))
+    w_qkv: np.ndarray  # (d, 3d)
+    w_o: np.ndarray  # (d, d)
+    ln2: tuple
+    w_up: np.ndarray  # (d, ff)
+    w_down: np.ndarray  # (ff, d)
+
+
+def _layer_norm(x, norm, eps=1e-5):
+    """(x − mean) / √(var + ε) · gain + bias over the last axis."""
+    gain, bias = norm
+    mean = x.mean(axis=-1, keepdims=True)
+    var = x.var(axis=-1, keepdims=True)
+    return (x - mean) / np.sqrt(var + eps) * gain + bias
+
+
+def _gelu(x):
+    """GELU, tanh form: ½x(1 + tanh(√(2/π)(x + 0.044715x³)))."""
+    return 0.5 * x * (1 + np.tanh(0.7978845608 * (x + 0.044715 * x**3)))
+
+
+def _softmax(x):
+    """exp(x − max) normalised over the last axis."""
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def _init_weights(config):
+    """Seeded random weights: normal(0, 1/√fan_in) matrices, unit gains, zero biases."""
+    rng = np.random.default_rng(config.seed)
+    d, ff, dt = config.d_model, config.ff_mult * config.d_model, config.dtype
+
+    def matrix(rows, cols):
+        return (rng.standard_normal((rows, cols)) / np.sqrt(rows)).astype(dt)
+
+    def norm():
+        return np.ones(d, dt), np.zeros(d, dt)
+
+    layers = [
+        Layer(norm(), matrix(d, 3 * d), matrix(d, d), norm(), matrix(d, ff), matrix(ff, d))
+        for _ in range(config.n_layers)
+    ]
+    embed = matrix(len(sc.CONTEXTS), d) * math.sqrt(d)  # (19, d)
+    position = matrix(config.max_len, d) * (0.1 * math.sqrt(d))  # (max_len, d)
+    return embed, position, layers, norm(), matrix(d, sc.V)
+
+
+class TinyTransformer:
+    """A decoder-only transformer with a KV cache for `batch` sequences at once."""
+
+    def __init__(self, config, batch=1):
+        if not isinstance(config, Config):
+            raise TypeError(f"config must be a Config, got {type(config).__name__}")
+        self.config = config
+        self.embed, self.position, self.layers, self.final_norm, self.unembed = _init_weights(
+            config
+        )
+        self.reset(batch)
+
+    def reset(self, batch=1):
+        """Empty the cache and make room for `batch` sequences."""
+        if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
+            raise ValueError(f"batch must be a positive int, got {batch!r}")
+        cfg = self.config
+        shape = (cfg.n_layers, batch, cfg.max_len, cfg.d_model)  # (L, B, max_len, d)
+        self.keys = np.zeros(shape, cfg.dtype)
+        self.values = np.zeros(shape, cfg.dtype)
+        self.lengths = np.zeros(batch, dtype=np.int64)  # cached positions per sequence
+
+    @property
+    def batch(self):
+        """Number of sequences the cache holds."""
+        return len(self.lengths)
+
+    def rollback(self, lengths):
+        """Forget every cached position at or past lengths (B,): the cache keeps the prefix."""
+        lengths = np.broadcast_to(np.asarray(lengths), self.lengths.shape)
+        if not np.issubdtype(lengths.dtype, np.integer):
+            raise TypeError(f"lengths must be integers, got dtype {lengths.dtype}")
+        if np.any(lengths < 0) or np.any(lengths > self.lengths):
+            raise ValueError(f"lengths must lie in [0, cached length], got {lengths}")
+        self.lengths = lengths.astype(np.int64)  # stale entries are masked, then overwritten
+
+    def forward(self, ids):
+        """Logits (B, n, 18) for n new ids per sequence (B, n), appended after the cache."""
+        ids = self._check_ids(ids)
+        pos = self.lengths[:, None] + np.arange(ids.shape[1])  # (B, n) absolute positions
+        x = self.embed[ids] + self.position[pos]  # (B, n, d)
+        for index, layer in enumerate(self.layers):
+            x = x + self._attend(index, layer, _layer_norm(x, layer.ln1), pos)
+            x = x + _gelu(_layer_norm(x, layer.ln2) @ layer.w_up) @ layer.w_down
+        self.lengths = self.lengths + ids.shape[1]
+        return _layer_norm(x, self.final_norm) @ self.unembed  # (B, n, 18), the config's dtype
+
+    def _attend(self, index, layer, h, pos):
+        """Causal multi-head attention of the new positions over the cache and themselves."""
+        batch, n, d = h.shape
+        heads = self.config.n_heads
+        q, k, v = np.split(h @ layer.w_qkv, 3, axis=-1)  # (B, n, d) each
+        rows = np.arange(batch)[:, None]
+        self.keys[index][rows, pos] = k
+        self.values[index][rows, pos] = v
+        span = int(pos.max()) + 1
+
+        def split(a):  # (B, T, d) -> (B, H, T, d/H)
+            return a.reshape(batch, a.shape[1], heads, d // heads).transpose(0, 2, 1, 3)
+
+        scores = split(q) @ split(self.keys[index][:, :span]).transpose(0, 1, 3, 2)  # (B,H,n,T)
+        visible = np.arange(span) <= pos[:, None, :, None]  # (B, 1, n, T): causal mask
+        scores = np.where(
+            visible, scores / math.sqrt(d // heads), -np.inf
+        )  # weak float: keeps dtype
+        out = _softmax(scores) @ split(self.values[index][:, :span])  # (B, H, n, d/H)
+        return out.transpose(0, 2, 1, 3).reshape(batch, n, d) @ layer.w_o
+
+    def _check_ids(self, ids):
+        """ids as an int array (B, n) of context rows that fits in the cache, else an error."""
+        ids = np.asarray(ids)
+        if ids.ndim != 2 or ids.shape[0] != self.batch or ids.shape[1] < 1:
+            raise ValueError(f"ids must have shape ({self.batch}, n >= 1), got {ids.shape}")
+        if not np.issubdtype(ids.dtype, np.integer):
+            raise TypeError(f"ids must be integers, got dtype {ids.dtype}")
+        if ids.min() < 0 or ids.max() >= len(sc.CONTEXTS):
+            raise ValueError(f"ids must lie in [0, {len(sc.CONTEXTS)})")
+        if self.lengths.max() + ids.shape[1] > self.config.max_len:
+            raise ValueError(f"the cache holds at most max_len={self.config.max_len} positions")
+        return ids
+
+
+class LawModel:
+    """A transformer call that reports a fixed table's law: the toy's p or q_w, not its logits."""
+
+    def __init__(self, net, law):
+        law = np.asarray(law, dtype=float)
+        if law.shape != (len(sc.CONTEXTS), sc.V):
+            raise ValueError(f"law must have shape ({len(sc.CONTEXTS)}, {sc.V}), got {law.shape}")
+        self.net, self.law = net, law
+
+    def __call__(self, ids):
+        """Run the forward pass on ids (B, n); return law[ids], the next-token laws (B, n, 18)."""
+        self.net.forward(ids)  # the real cost; the random logits are discarded
+        return self.law[ids]
+
+
+# --------------------------------------------------------------------------------------------
+# Generation through the models: plain decoding and speculative decoding with cache rollback
+# --------------------------------------------------------------------------------------------
+
+
+class Generation(NamedTuple):
+    """Emitted tokens (B, n_tokens), total tokens emitted per sequence, and target calls."""
+
+    tokens: np.ndarray
+    emitted: np.ndarray  # (B,) may exceed n_tokens: a step emits up to gamma + 1
+    steps: int
+
+
+def _check_run(n_tokens, model, gamma=1):
+    """Raise unless n_tokens and gamma are valid and the cache can hold the run."""
+    sc._check_count(n_tokens, "n_tokens")
+    if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 1:
+        raise ValueError(f"gamma must be a positive int, got {gamma!r}")
+    if n_tokens + gamma + 1 > model.net.config.max_len:
+        raise ValueError(f"n_tokens + gamma + 1 must be at most max_len of {model.net.config}")
+
+
+def autoregressive(target, n_tokens, rng, batch=1):
+    """n_tokens per sequence from BOS, one target call of one position per token."""
+    _check_run(n_tokens, target)
+    target.net.reset(batch)
+    out = np.zeros((batch, n_tokens), dtype=np.int64)
+    last = np.zeros((batch, 1), dtype=np.int64)  # BOS
+    for i in range(n_tokens):
+        out[:, i] = sc._sample_rows(target(last)[:, 0], rng)
+        last = out[:, i : i + 1] + 1
+    return Generation(out, np.full(batch, n_tokens), n_tokens)
+
+
+def speculative(target, draft, n_tokens, gamma, rng, batch=1, rule=sc.EXACT_RULE):
+    """Speculative decoding through both models until every sequence has n_tokens."""
+    _check_run(n_tokens, target, gamma)
+    _check_run(n_tokens, draft, gamma)
+    target.net.reset(batch)
+    draft.net.reset(batch)
+    rows = np.arange(batch)[:, None]
+    seq = np.zeros((batch, n_tokens + gamma + 2), dtype=np.int64)  # context rows, BOS first
+    filled = np.ones(batch, dtype=np.int64)  # the target's cache holds seq[:, :filled - 1]
+    steps = 0
+    while filled.min() <= n_tokens:
+        drafts, q_laws = _draft(draft, seq, filled, gamma, rng)
+        ids = np.concatenate([seq[rows[:, 0], filled - 1][:, None], drafts + 1], axis=1)
+        p_laws = target(ids)  # (B, gamma + 1, V): one call scores every position
+        accepted, emitted = sc._verify(p_laws, q_laws, drafts, rng, rule)
+        accepted = np.where(filled <= n_tokens, accepted, -1)  # finished rows emit nothing
+        target.net.rollback(filled + accepted)  # keep the last token and the accepted drafts
+        draft.net.rollback(filled + np.minimum(accepted, gamma - 1))
+        width = np.arange(gamma + 1) <= accepted[:, None]  # (B, gamma + 1) emitted slots
+        slots = np.minimum(filled[:, None] + np.arange(gamma + 1), seq.shape[1] - 1)
+        seq[rows, slots] = np.where(width, emitted + 1, seq[rows, slots])
+        filled += accepted + 1
+        steps += 1
+    return Generation(seq[:, 1 : n_tokens + 1] - 1, filled - 1, steps)
+
+
+def _draft(draft, seq, filled, gamma, rng):
+    """gamma draft tokens (B, gamma) and their laws (B, gamma, V), one draft call each."""
+    batch = len(filled)
+    rows = np.arange(batch)[:, None]
+    pending = int((filled - draft.net.lengths).max())  # 1, or 2 after a fully accepted step
+    draft.net.rollback(filled - pending)
+    q = draft(seq[rows, (filled - pending)[:, None] + np.arange(pending)])[:, -1]  # (B, V)
+    tokens = np.zeros((batch, gamma), dtype=np.int64)
+    laws = np.zeros((batch, gamma, sc.V))
+    for i in range(gamma):
+        if i:
+            q = draft(tokens[:, i - 1 : i] + 1)[:, 0]
+        laws[:, i] = q
+        tokens[:, i] = sc._sample_rows(q, rng)
+    return tokens, laws
+
+
+def law_models(target_config, draft_config, w, batch=1):
+    """(target reporting p, draft reporting q_w), each a LawModel over its own transformer."""
+    target = LawModel(TinyTransformer(target_config, batch), sc.P_MATRIX)
+    return target, LawModel(TinyTransformer(draft_config, batch), sc.draft_matrix(w))
+
+
+def exactness_check(n_runs, gamma=2, w=0.3, seed=13, rule=sc.EXACT_RULE, config=None):
+    """Chapter 3's joint test, through the transformers: first two tokens of n_runs sequences."""
+    config = config or Config(d_model=8, n_layers=1, n_heads=2, max_len=16)
+    target, draft = law_models(config, config, w, batch=n_runs)
+    run = speculative(target, draft, 2, gamma, np.random.default_rng(seed), n_runs, rule)
+    return sc.compare(run.tokens, sc.target_joint(2, sc.BOS, exact=False))
+
+
+# --------------------------------------------------------------------------------------------
+# The stopwatch: call times, memory bandwidth, the race
+# --------------------------------------------------------------------------------------------
+
+
+def _seconds(fn):
+    """CPU seconds of this thread for one call of fn() (the wall clock minus time descheduled)."""
+    start = time.thread_time()
+    fn()
+    return time.thread_time() - start
+
+
+def call_times(config, positions, repeats=5, context=64, batch=1):
+    """Seconds of one forward call after `context` cached positions, (repeats, len(positions))."""
+    net = TinyTransformer(config, batch)
+    ids = np.ones((batch, max(max(positions), context, 1)), dtype=np.int64)
+    net.forward(ids[:, : max(context, 1)])  # a context to attend to
+    base = net.lengths.copy()
+    out = np.zeros((repeats, len(positions)))
+    with threadpool_limits(limits=BLAS_THREADS, user_api="blas"):
+        net.forward(ids[:, : max(positions)])  # warm-up: first touch of the cache rows used
+        for r in range(repeats):  # repeats interleaved over the positions
+            for j, n in enumerate(positions):
+                net.rollback(base)
+                out[r, j] = _seconds(lambda n=n: net.forward(ids[:, :n]))
+    return out
+
+
+def read_bandwidth(n_bytes=256 * 2**20, repeats=5):
+    """Bytes per second of a single-thread dot product of two float32 vectors (a pure read)."""
+    a = np.ones(n_bytes // 8, dtype=np.float32)
+    b = np.ones_like(a)
+    with threadpool_limits(limits=BLAS_THREADS, user_api="blas"):
+        best = min(_seconds(lambda: a @ b) for _ in range(repeats))
+    return 2 * a.nbytes / best
+
+
+def timed_run(fn):
+    """(CPU seconds of this thread, result) of fn() with one BLAS thread."""
+    with threadpool_limits(limits=BLAS_THREADS, user_api="blas"):
+        start = time.thread_time()
+        result = fn()
+        return time.thread_time() - start, result
+
+
+def machine():
+    """{cpu, blas, threads, cores, python, numpy}: what measured this chapter's times (blas is
+    numpy's own library; scipy may load a second one, limited to one thread as well)."""
+    cpu = platform.processor() or "unknown CPU"
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    blas = [i for i in threadpool_info() if i.get("user_api") == "blas"]
+    mine = [i for i in blas if "numpy" in os.path.basename(os.path.dirname(i["filepath"]))]
+    lib = (mine or blas or [None])[0]  # the library numpy's matrix products call
+    name = f"{lib['internal_api']} {lib['version']}" if lib else "unknown BLAS"
+    return {
+        "cpu": cpu,
+        "blas": name,
+        "threads": BLAS_THREADS,
+        "cores": os.cpu_count(),
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+    }
+
+
+COST_CALLS = 3  # timed calls of each kind after each repeat of the race
+
+
+class RacePoint(NamedTuple):
+    """One (w, gamma): seconds per token, realised tokens per sequence-step, steps, all repeats."""
+
+    w: float
+    gamma: int
+    seconds_per_token: float
+    tokens_per_step: float
+    steps: int
+
+
+class Race(NamedTuple):
+    """Plain decoding's median seconds per token, the speculative points, and call costs."""
+
+    plain: float
+    points: list
+    target_call: dict  # {positions: median seconds of one target call}
+    draft_call: float  # median seconds of one draft call of one position
+
+    def cost_ratio(self):
+        """c = T_draft(1) / T_target(1)."""
+        return self.draft_call / self.target_call[1]
+
+    def verify_cost(self, gamma):
+        """v(γ) = T_target(γ + 1) / T_target(1)."""
+        return self.target_call[gamma + 1] / self.target_call[1]
+
+
+def _call_costs(target, draft, positions, context, batch=1, draft_calls=4):
+    """Seconds of one target call per entry of positions, then of one draft call (the mean of
+    draft_calls in a row, as in a step's drafting loop), each after `context` cached positions;
+    target and draft are TinyTransformers, each call scores `batch` sequences."""
+    ids = np.ones((batch, max(max(positions), context)), dtype=np.int64)
+    for net in (target, draft):
+        if net.batch != batch or np.any(net.lengths != context):  # prefill once, then reuse
+            net.reset(batch)
+            net.forward(ids[:, :context])
+    out = []
+    for n in positions:
+        out.append(_seconds(lambda n=n: target.forward(ids[:, :n])))
+        target.rollback(context)
+    draft_seconds = 0.0
+    for _ in range(draft_calls):
+        draft_seconds += _seconds(lambda: draft.forward(ids[:, :1]))
+        draft.rollback(context)
+    return [*out, draft_seconds / draft_calls]
+
+
+def race(target_config, draft_config, settings, n_tokens=128, repeats=3, batch=1, seed=8):
+    """Race plain against speculative decoding, repeats interleaved, with call costs between."""
+    target = LawModel(TinyTransformer(target_config), sc.P_MATRIX)
+    draft_net = TinyTransformer(draft_config)
+    drafts = {w: LawModel(draft_net, sc.draft_matrix(w)) for w, _ in settings}
+    positions = sorted({1} | {gamma + 1 for _, gamma in settings})
+    rng = np.random.default_rng(seed)
+    plain, spec, costs = [], {s: [] for s in settings}, []
+    with threadpool_limits(limits=BLAS_THREADS, user_api="blas"):
+        for _ in range(repeats):
+            seconds, _ = timed_run(lambda: autoregressive(target, n_tokens, rng, batch))
+            plain.append(seconds / (n_tokens * batch))
+            for w, gamma in settings:
+                seconds, run = timed_run(
+                    lambda w=w, g=gamma: speculative(target, drafts[w], n_tokens, g, rng, batch)
+                )
+                spec[w, gamma].append((seconds, int(run.emitted.sum()), run.steps * batch))
+            for _ in range(COST_CALLS):  # the costs, at the race's mean context length
+                costs.append(_call_costs(target.net, draft_net, positions, n_tokens // 2, batch))
+    points = []
+    for (w, gamma), runs in spec.items():  # total time over total tokens: every step counts
+        seconds, tokens, steps = np.array(runs).T
+        per_token = float(seconds.sum() / tokens.sum())
+        points.append(RacePoint(w, gamma, per_token, tokens.sum() / steps.sum(), int(steps.sum())))
+    median = np.median(costs, axis=0)
+    target_call = {n: float(t) for n, t in zip(positions, median)}
+    return Race(float(np.median(plain)), points, target_call, float(median[-1]))
+
+
+def race_rows(result):
+    """Per race point: measured speedup beside the measured-cost form and Theorem 3.8."""
+    c = result.cost_ratio()
+    rows = []
+    for point in result.points:
+        v = result.verify_cost(point.gamma)
+        expected = sc.chain_stats(point.w, point.gamma).tokens_per_step
+        measured = result.plain / point.seconds_per_token
+        predicted = sc.measured_cost_speedup(expected, point.gamma, c, v)
+        rows.append(
+            {
+                "w": point.w,
+                "gamma": point.gamma,
+                "E[tokens]": expected,
+                "tokens/step seen": float(point.tokens_per_step),
+                "c": c,
+                "v(gamma)": v,
+                "measured": measured,
+                "measured-cost form": predicted,
+                "theorem 3.8": sc.walltime_speedup(sc.alpha_exact(point.w), point.gamma, c),
+                "error": measured / predicted - 1,
+            }
+        )
+    return rows
+
+
+def batch_costs(target_config, draft_config, batches, gamma, repeats=3, context=16):
+    """Median seconds (len(batches), 3) of T_target(B), T_target(B·(γ+1)) and T_draft(B)."""
+    target, draft = TinyTransformer(target_config), TinyTransformer(draft_config)
+    out = np.zeros((repeats, len(batches), 3))
+    with threadpool_limits(limits=BLAS_THREADS, user_api="blas"):
+        for j, batch in enumerate(batches):
+            for r in range(repeats):
+                out[r, j] = _call_costs(target, draft, (1, gamma + 1), context, batch)
+    return np.median(out, axis=0)
+
+
+def batch_speedup(costs, tokens_per_step, gamma):
+    """Measured-cost form per batch: E·T_target(B) / (γ·T_draft(B) + T_target(B·(γ+1)))."""
+    one, verify, draft = np.asarray(costs).T
+    return [
+        sc.measured_cost_speedup(tokens_per_step, gamma, d / t, v / t)
+        for t, v, d in zip(one, verify, draft)
+    ]
