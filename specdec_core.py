@@ -1230,6 +1230,743 @@ def implied_cost(alpha, gamma, speedup):
 
 
 # --------------------------------------------------------------------------------------------
+# Beyond one draft (chapter 7): several candidates, whole blocks, lossy verifiers
+# --------------------------------------------------------------------------------------------
+# One position, k candidates: a rule is a state (p_i, q_i, ...) that each rejection updates.
+# The exact law enumerates every candidate sequence; the engine runs the same rule on a batch.
+
+
+def _keep(p_x, q_x):
+    """min(1, p(x)/q(x)), and 0 where q(x) = 0: one candidate's acceptance probability."""
+    return min(1, p_x / q_x) if q_x > 0 else 0 * p_x
+
+
+def _zeroed(law, x):
+    """law with token x set to 0, not renormalised."""
+    out = law.copy()
+    out[x] = 0
+    return out
+
+
+def _drop(law, x):
+    """law with token x removed and renormalised (law itself if nothing is left)."""
+    return _normalise_or(_zeroed(law, x), law)
+
+
+def _spectr_rho(p, q, k):
+    """SpecTr's ρ*: the smallest ρ ≥ 1 with 1 − (1 − β(ρ))^k ≤ ρ·β(ρ), β(ρ) = Σ min(q, p/ρ)."""
+
+    def gap(rho):
+        beta = np.minimum(q, p / rho).sum()
+        return rho * beta - (1 - (1 - beta) ** k)  # increasing in ρ
+
+    lo, hi = 1 + 0 * p[0], 2 + 0 * p[0]  # the number type of p: Fraction or float
+    if gap(lo) >= 0:
+        return lo
+    while gap(hi) < 0:
+        lo, hi = hi, 2 * hi
+    for _ in range(60):  # bisection; hi always satisfies the inequality
+        mid = (lo + hi) / 2
+        lo, hi = (lo, mid) if gap(mid) >= 0 else (mid, hi)
+    return hi
+
+
+def _spectr_start(p, q, k):
+    """SpecTr's state: (p, q, ρ*, c) with c = (1 − (1 − β)^k)/β, the accepted mass per unit."""
+    rho = _spectr_rho(p, q, k)
+    beta = np.minimum(q, p / rho).sum()
+    return p, q, rho, (1 - (1 - beta) ** k) / beta if beta > 0 else 0 * beta
+
+
+def _spectr_final(state):
+    """SpecTr's residual ∝ p − min(q, p/ρ)·c (nonnegative for ρ ≥ ρ*)."""
+    p, q, rho, c = state
+    return _normalise_or(np.maximum(p - np.minimum(q, p / rho) * c, 0), p)
+
+
+class MultiDraft(NamedTuple):
+    """A verifier of k candidates for one position: how they come, are tested, and end."""
+
+    name: str
+    draws: str  # "iid": X_i ~ q; "without": q without the earlier X; "top-k": q's k largest
+    accept: Callable  # (state, x) -> probability of keeping candidate x
+    reject: Callable  # (state, x) -> the state after x is rejected
+    final: Callable  # state -> the law drawn when every candidate is rejected
+    start: Callable = lambda p, q, k: (p, q)  # the state before the first candidate
+    merges: bool = False  # reject ignores x, so the enumeration can merge rejected branches
+
+
+MULTI_DRAFT_RULES = {
+    "SpecInfer": MultiDraft(  # Miao et al., Alg. 2: p ← norm(max(0, p − q)) after a rejection
+        "SpecInfer multi-step (i.i.d.)",
+        "iid",
+        lambda s, x: _keep(s[0][x], s[1][x]),
+        lambda s, x: (EXACT_RULE.correction_law(*s), s[1]),
+        lambda s: s[0],
+        merges=True,
+    ),
+    "without replacement": MultiDraft(  # Yang et al.; Jeon et al.: renormalise q as well
+        "recursive, without replacement",
+        "without",
+        lambda s, x: _keep(s[0][x], s[1][x]),
+        lambda s, x: (EXACT_RULE.correction_law(*s), _drop(s[1], x)),
+        lambda s: s[0],
+    ),
+    "broken: q not renormalised": MultiDraft(
+        "without replacement, q not renormalised",
+        "without",
+        lambda s, x: _keep(s[0][x], s[1][x]),
+        lambda s, x: (EXACT_RULE.correction_law(*s), _zeroed(s[1], x)),
+        lambda s: s[0],
+    ),
+    "EAGLE-2 top-k": MultiDraft(  # q = 1 for the draft's deterministic top-k
+        "EAGLE-2 top-k, q = 1",
+        "top-k",
+        lambda s, x: s[0][x],
+        lambda s, x: (_drop(s[0], x), s[1]),
+        lambda s: s[0],
+    ),
+    "SpecTr": MultiDraft(  # Sun et al. 2023: k-sequential selection with ρ*
+        "SpecTr k-sequential (i.i.d.)",
+        "iid",
+        lambda s, x: _keep(s[0][x], s[2] * s[1][x]),
+        lambda s, x: s,
+        _spectr_final,
+        start=_spectr_start,
+        merges=True,
+    ),
+}
+EXACT_MULTI_DRAFT = ["SpecInfer", "without replacement", "EAGLE-2 top-k", "SpecTr"]
+
+
+def _top_k_order(q):
+    """Tokens by decreasing q(x), ties by index: the order of deterministic top-k children."""
+    return sorted(range(len(q)), key=lambda x: (-q[x], x))
+
+
+def _next_candidates(draws, q, drawn):
+    """[(x, P(next candidate = x))] given the candidates drawn so far."""
+    if draws == "iid":
+        return [(x, q[x]) for x in range(len(q)) if q[x] > 0]
+    if draws == "top-k":
+        order = _top_k_order(q)
+        return [(order[len(drawn)], 1)] if len(drawn) < len(order) else []
+    rest = q.copy()
+    rest[list(drawn)] = 0
+    z = rest.sum()
+    return [(x, rest[x] / z) for x in range(len(q)) if rest[x] > 0]
+
+
+def multi_draft_law(rule, p, q, k):
+    """Exact law of (chosen, token), (k + 1, V): row i keeps candidate i, row k the final draw."""
+    table = np.zeros((k + 1, len(p)), dtype=object) + 0 * p[0]
+
+    def walk(i, state, drawn, mass):
+        """Add the outcomes after i rejected candidates `drawn`, reached with probability mass."""
+        options = _next_candidates(rule.draws, q, drawn) if i < k else []
+        if not options:
+            table[k] += mass * rule.final(state)
+            return
+        rejected = 0
+        for x, d in options:
+            keep = rule.accept(state, x)
+            table[i, x] += mass * d * keep
+            if rule.merges:
+                rejected += d * (1 - keep)
+            elif keep != 1:
+                walk(i + 1, rule.reject(state, x), drawn + (x,), mass * d * (1 - keep))
+        if rule.merges and rejected != 0:
+            walk(i + 1, rule.reject(state, None), drawn, mass * rejected)
+
+    walk(0, rule.start(p, q, k), (), 1 + 0 * p[0])
+    return table
+
+
+def multi_draft_acceptance(rule, p, q, k):
+    """P(a candidate is kept) = Σ of rows 0..k−1 of multi_draft_law."""
+    return multi_draft_law(rule, p, q, k)[:k].sum()
+
+
+def pair_cover_slack(p, q):
+    """min over token sets S (not ∅, not all) of P(X1 or X2 in S) − p(S), X1, X2 i.i.d. q.
+
+    By Hall's theorem an exact rule can always output one of its two candidates iff this is ≥ 0.
+    """
+    p, q = np.asarray(p, float), np.asarray(q, float)
+    if len(p) > 20:
+        raise ValueError(f"p has {len(p)} tokens; the 2^V subsets are enumerated only for V <= 20")
+    sets = (np.arange(1, 2 ** len(p) - 1)[:, None] >> np.arange(len(p))) & 1  # (2^V − 2, V)
+    return float((1 - (1 - sets @ q) ** 2 - sets @ p).min())
+
+
+def candidate_pair_law(q, draws):
+    """Law of the two candidates (X1, X2), (V, V): i.i.d., without replacement, or q's top two."""
+    q = np.asarray(q, dtype=float)
+    if draws == "iid":
+        return np.outer(q, q)
+    if draws == "without":
+        first = np.where(q < 1, q / np.where(q < 1, 1 - q, 1), 0)  # q(a)/(1 − q(a))
+        return np.where(np.eye(len(q), dtype=bool), 0, first[:, None] * q[None, :])
+    law = np.zeros((len(q), len(q)))
+    a, b = _top_k_order(q)[:2]
+    law[a, b] = 1
+    return law
+
+
+def optimal_pair_acceptance(p, pair_law):
+    """Max P(output ∈ {X1, X2}) over exact rules: a linear programme over candidate pairs.
+
+    Variables a1[x1, x2], a2[x1, x2] >= 0: the mass of pair (x1, x2) that outputs x1, resp. x2.
+    a1 + a2 <= pair_law (per pair), and the kept mass into each token y is at most p(y); the
+    rest of p is drawn from norm(p − kept), so every feasible point is an exact rule.
+    """
+    from scipy.optimize import linprog
+    from scipy.sparse import eye, hstack, kron, vstack
+
+    n = len(p)
+    pairs = eye(n * n, format="csr")
+    first = kron(eye(n), np.ones((1, n)))  # (V, V²): pairs with x1 = y
+    second = kron(np.ones((1, n)), eye(n))  # (V, V²): pairs with x2 = y
+    constraints = vstack([hstack([pairs, pairs]), hstack([first, second])])
+    bounds = np.concatenate([np.asarray(pair_law, float).ravel(), np.asarray(p, float)])
+    result = linprog(-np.ones(2 * n * n), A_ub=constraints, b_ub=bounds, method="highs")
+    if not result.success:
+        raise RuntimeError(f"linprog failed: {result.message}")
+    return -float(result.fun)
+
+
+def _check_multi_draft(target_probs, draft_probs, draft_tokens, replacement):
+    """Raise unless the arrays are (B, V), (B, V), (B, k ≥ 1), checked as verify checks them."""
+    if target_probs.ndim != 2 or draft_probs.ndim != 2 or draft_tokens.ndim != 2:
+        raise ValueError("need target_probs (B, V), draft_probs (B, V), draft_tokens (B, k)")
+    (batch, k), vocab = draft_tokens.shape, target_probs.shape[1]
+    if target_probs.shape != (batch, vocab) or draft_probs.shape != (batch, vocab) or k < 1:
+        raise ValueError(
+            f"shapes do not match (k >= 1 needed): target_probs {target_probs.shape}, "
+            f"draft_probs {draft_probs.shape}, draft_tokens {draft_tokens.shape}"
+        )
+    _check_batch(  # the per-array checks of verify, on broadcast views (no copies)
+        np.broadcast_to(target_probs[:, None], (batch, k + 1, vocab)),
+        np.broadcast_to(draft_probs[:, None], (batch, k, vocab)),
+        draft_tokens,
+    )
+    if not replacement and k > 1:
+        ordered = np.sort(draft_tokens, axis=1)
+        if np.any(ordered[:, 1:] == ordered[:, :-1]):
+            raise ValueError("draft_tokens repeat a token in a row, but replacement=False")
+
+
+def multi_draft_verify(target_probs, draft_probs, draft_tokens, rng, replacement=True):
+    """k candidates for one position: (chosen (B,), tokens (B,)); chosen = −1 for the final draw.
+
+    replacement=True: SpecInfer's multi-step rule for i.i.d. candidates. replacement=False: the
+    candidates were drawn without replacement, and q is renormalised after each rejection.
+    """
+    target_probs, draft_probs = np.asarray(target_probs), np.asarray(draft_probs)
+    draft_tokens = np.asarray(draft_tokens)
+    _check_multi_draft(target_probs, draft_probs, draft_tokens, replacement)
+    _check_rng(rng)
+    batch, k = draft_tokens.shape
+    rows = np.arange(batch)
+    p, q = target_probs.astype(float), draft_probs.astype(float)  # (B, V) each, updated
+    chosen = np.full(batch, -1, dtype=np.int64)
+    u = rng.random((batch, k))
+    for i in range(k):
+        x = draft_tokens[:, i]
+        open_ = chosen < 0
+        keep = open_ & (u[:, i] < _ratio(p[rows, x], q[rows, x]))
+        chosen[keep] = i
+        still = (chosen < 0)[:, None]
+        p = np.where(still, EXACT_RULE.correction_law(p, q), p)  # p ← norm(max(0, p − q))
+        if not replacement:
+            q = np.where(still, _normalise_or(np.where(np.eye(q.shape[1])[x] > 0, 0, q), q), q)
+    tokens = draft_tokens[rows, np.maximum(chosen, 0)]
+    final = _sample_rows(p, rng)
+    return chosen, np.where(chosen >= 0, tokens, final)
+
+
+# ---- Block verification (Sun, Mendlovic, Leviathan, Aharoni, Beirami, Ro & Suresh, 2025) ----
+
+
+def _path_ratio(target, draft, tokens):
+    """p(X_i)/q(X_i) along each draft path, (N, γ); 0 where q(X_i) = 0."""
+    gamma = tokens.shape[1]
+    p_x = np.take_along_axis(target[:, :gamma], tokens[..., None], axis=2)[..., 0]
+    q_x = np.take_along_axis(draft, tokens[..., None], axis=2)[..., 0]
+    positive = q_x > 0
+    return np.where(positive, p_x / np.where(positive, q_x, 1), 0 * p_x)
+
+
+def _block_h(target, draft, tokens):
+    """Sun et al.'s h_i, (N, γ + 1), and the excess max(p_i·p(· | X^i) − q(· | X^i), 0).
+
+    p_0 = 1, p_i = min(p_{i−1}·p(X_i)/q(X_i), 1); h_i = Z_i/(Z_i + 1 − p_i) with
+    Z_i = Σ_x max(p_i·p(x | X^i) − q(x | X^i), 0) for i < γ (0/0 read as 1), h_γ = p_γ.
+    """
+    n, gamma = tokens.shape
+    ratio = _path_ratio(target, draft, tokens)
+    weight = [np.ones(n, dtype=target.dtype)]  # p_0 = 1
+    for i in range(gamma):
+        weight.append(np.minimum(weight[-1] * ratio[:, i], 1))
+    weight = np.stack(weight, axis=1)  # (N, γ + 1)
+    excess = np.maximum(weight[:, :gamma, None] * target[:, :gamma] - draft, 0)  # (N, γ, V)
+    z = excess.sum(axis=2)
+    denominator = z + 1 - weight[:, :gamma]
+    h = np.where(denominator > 0, z / np.where(denominator > 0, denominator, 1), 1)
+    return np.concatenate([h, weight[:, gamma:]], axis=1), excess
+
+
+def _block_tables(target, draft, tokens):
+    """h_i, (N, γ + 1), and the law drawn when τ = i, (N, γ + 1, V): the residual, or p at γ."""
+    h, excess = _block_h(target, draft, tokens)
+    gamma = tokens.shape[1]
+    return h, np.concatenate([_normalise_or(excess, target[:, :gamma]), target[:, gamma:]], axis=1)
+
+
+def _tau_law_block(h):
+    """P(τ = i) = h_i·Π_{j>i} (1 − h_j): τ is the largest i with η_i ≤ h_i, (N, γ + 1)."""
+    ones = np.ones((len(h), 1), dtype=h.dtype)
+    survive = np.concatenate([np.cumprod(1 - h[:, :0:-1], axis=1)[:, ::-1], ones], axis=1)
+    return h * survive
+
+
+def _per_token_tables(target, draft, tokens, rule=EXACT_RULE):
+    """Per-token verification on the same paths: P(τ = i), (N, γ + 1), and the laws drawn."""
+    gamma = tokens.shape[1]
+    accept, correction = rule.tables(target[:, :gamma], draft)  # (N, γ, V) each
+    keep = np.take_along_axis(accept, tokens[..., None], axis=2)[..., 0]  # (N, γ)
+    ones = np.ones((len(tokens), 1), dtype=target.dtype)
+    reach = np.concatenate([ones, np.cumprod(keep, axis=1)], axis=1)  # (N, γ + 1): P(τ ≥ i)
+    stop = reach * np.concatenate([1 - keep, ones], axis=1)
+    return stop, np.concatenate([correction, target[:, gamma:]], axis=1)
+
+
+def block_verify(target_probs, draft_probs, draft_tokens, rng):
+    """Block verification of a batch (Sun et al. 2025): accepted (B,), tokens (B, gamma + 1)."""
+    target_probs, draft_probs = np.asarray(target_probs), np.asarray(draft_probs)
+    draft_tokens = np.asarray(draft_tokens)
+    _check_batch(target_probs, draft_probs, draft_tokens)
+    _check_rng(rng)
+    batch, gamma = draft_tokens.shape
+    rows = np.arange(batch)
+    target_probs = np.asarray(target_probs, dtype=float)
+    h, excess = _block_h(target_probs, np.asarray(draft_probs, dtype=float), draft_tokens)
+    passed = rng.random((batch, gamma)) < h[:, 1:]  # (B, γ): η_i < h_i
+    last = gamma - np.argmax(passed[:, ::-1], axis=1) if gamma else 0  # largest i that passed
+    accepted = np.where(passed.any(axis=1), last, 0)
+    p_end = target_probs[rows, accepted]  # (B, V)
+    if gamma:  # residual max(p_τ·p − q, 0) at τ < γ; p itself at τ = γ
+        residual = _normalise_or(excess[rows, np.minimum(accepted, gamma - 1)], p_end)
+        p_end = np.where((accepted < gamma)[:, None], residual, p_end)
+    return accepted, _emitted(draft_tokens, accepted, _sample_rows(p_end, rng))
+
+
+class DraftPaths(NamedTuple):
+    """Every draft path of one step: tokens (N, γ), their q-probability, and the rows seen."""
+
+    tokens: np.ndarray  # (N, γ)
+    prob: np.ndarray  # (N,) Π q(X_i | X^{i−1})
+    target: np.ndarray  # (N, γ + 1, V) p(· | X^i)
+    draft: np.ndarray  # (N, γ, V) q(· | X^i)
+
+
+@functools.lru_cache(maxsize=8)
+def _all_paths(gamma, vocab):
+    """Every draft path of gamma ≥ 1 tokens, (vocab^gamma, gamma), read-only (cached)."""
+    _check_count(gamma, "gamma")
+    if gamma < 1:
+        raise ValueError(f"gamma must be at least 1 for a block, got {gamma}")
+    tokens = np.indices((vocab,) * gamma).reshape(gamma, -1).T.copy()
+    tokens.flags.writeable = False
+    return tokens
+
+
+def _with_prob(tokens, target, draft):
+    """DraftPaths with each path's probability Π q(X_i | X^{i−1})."""
+    picked = np.take_along_axis(draft, tokens[..., None], axis=2)[..., 0]
+    return DraftPaths(tokens, np.prod(picked, axis=1), target, draft)
+
+
+def draft_paths(target_row, draft_row, gamma, vocab):
+    """DraftPaths of autoregressive models given as functions prefix (tuple) -> row (V,)."""
+    tokens = _all_paths(gamma, vocab)
+    target = np.array([[target_row(tuple(t[:i])) for i in range(gamma + 1)] for t in tokens])
+    draft = np.array([[draft_row(tuple(t[:i])) for i in range(gamma)] for t in tokens])
+    return _with_prob(tokens, target, draft)
+
+
+def step_outcomes(paths, block=True):
+    """P(τ = i) per path, (N, γ + 1), and the laws drawn, (N, γ + 1, V): block or per token."""
+    if block:
+        h, laws = _block_tables(paths.target, paths.draft, paths.tokens)
+        return _tau_law_block(h), laws
+    return _per_token_tables(paths.target, paths.draft, paths.tokens)
+
+
+def expected_accepted(paths, block=True):
+    """E[τ]: the expected number of accepted draft tokens in one step."""
+    tau, _ = step_outcomes(paths, block)
+    return (paths.prob[:, None] * tau * np.arange(tau.shape[1])).sum()
+
+
+def step_law(paths, block=True):
+    """Law of the tokens one step emits, {tuple: probability}: the kept drafts, then one more."""
+    tau, laws = step_outcomes(paths, block)
+    law = defaultdict(int)
+    for tokens, mass, stops, finals in zip(paths.tokens, paths.prob, tau, laws):
+        for i, stop in enumerate(stops):
+            if stop != 0:
+                for y, prob in enumerate(finals[i]):
+                    law[(*tokens[:i], y)] += mass * stop * prob
+    return dict(law)
+
+
+def completed_law(law, target_row, length):
+    """{tuple of `length` tokens: probability}: each emitted string completed by target draws."""
+    out = defaultdict(int)
+    todo = list(law.items())
+    while todo:
+        prefix, mass = todo.pop()
+        if len(prefix) == length:
+            out[prefix] += mass
+        else:
+            todo.extend((prefix + (y,), mass * pr) for y, pr in enumerate(target_row(prefix)))
+    return dict(out)
+
+
+def toy_completed_law(w, gamma, ctx=BOS, block=True, exact=True):
+    """(law, reference), each (V,)·(γ + 1): one step from ctx completed by target draws, and p's.
+
+    The emitted strings of length i + 1 are summed over the drafts after position i, then each
+    is extended by the bigram target to γ + 1 tokens (an array version of completed_law).
+    """
+    paths, _ = toy_block_paths(w, gamma, ctx, exact)
+    p, _ = model_matrices(w, exact)
+    tau, laws = step_outcomes(paths, block)
+    weighted = paths.prob[:, None, None] * tau[:, :, None] * laws  # (N, γ + 1, V)
+    law = 0
+    for i in range(gamma + 1):
+        part = weighted[:, i].reshape((V,) * i + (V ** (gamma - i), V)).sum(axis=i)
+        for _ in range(gamma - i):  # complete: next token from p(· | last token)
+            part = part[..., None] * p[1:]
+        law = law + part
+    reference = p[CONTEXT_INDEX[ctx]]
+    for _ in range(gamma):
+        reference = reference[..., None] * p[1:]
+    return law, reference
+
+
+def ideal_block_bound(paths, target_row):
+    """Σ_i Σ_{x^i} min(P_q(x^i), P_p(x^i)): no exact verifier keeps more drafts on average."""
+    gamma = paths.tokens.shape[1]
+    total = 0
+    for i in range(1, gamma + 1):
+        q_prefix, p_prefix = defaultdict(int), {}
+        for tokens, mass in zip(paths.tokens, paths.prob):
+            q_prefix[tuple(tokens[:i])] += mass
+        for prefix in q_prefix:
+            p_prefix[prefix] = np.prod([target_row(prefix[:j])[prefix[j]] for j in range(i)])
+        total += sum(min(q_prefix[s], p_prefix[s]) for s in q_prefix)
+    return total
+
+
+def binary_example():
+    """Sun et al.'s example: q = (2/3, 1/3), p = (1/3, 2/3) at every position, γ = 2."""
+    p = np.array([Fraction(1, 3), Fraction(2, 3)], dtype=object)
+    q = np.array([Fraction(2, 3), Fraction(1, 3)], dtype=object)
+    return draft_paths(lambda prefix: p, lambda prefix: q, 2, 2), (lambda prefix: p)
+
+
+def toy_rows(w, ctx=BOS, exact=True):
+    """(target_row, draft_row) of the toy after ctx: functions of the drafted prefix."""
+    p, q = model_matrices(w, exact)
+
+    def row(matrix):
+        return lambda prefix: matrix[CONTEXT_INDEX[VOCAB[prefix[-1]]] if prefix else ctx_row]
+
+    ctx_row = CONTEXT_INDEX[ctx]
+    return row(p), row(q)
+
+
+def toy_block_paths(w, gamma, ctx=BOS, exact=True):
+    """DraftPaths of the toy from ctx (built by indexing the tables), and its target_row."""
+    _check_context(ctx)
+    p, q = model_matrices(w, exact)
+    tokens = _all_paths(gamma, V)
+    start = np.full((len(tokens), 1), CONTEXT_INDEX[ctx])
+    rows = np.concatenate([start, tokens + 1], axis=1)  # (N, γ + 1) context row at each position
+    return _with_prob(tokens, p[rows], q[rows[:, :gamma]]), toy_rows(w, ctx, exact)[0]
+
+
+def random_pair_gains(n_pairs, gamma=3, vocab=3, seed=0, concentration=0.5):
+    """E[τ] block − E[τ] per token for n_pairs random autoregressive (p, q), (n_pairs,).
+
+    Each model has its own Dirichlet(concentration) row for every prefix of length ≤ gamma.
+    """
+    _check_count(n_pairs, "n_pairs")
+    rng = np.random.default_rng(seed)
+    tokens = _all_paths(gamma, vocab)  # (N, γ)
+    codes = np.zeros((len(tokens), gamma + 1), dtype=np.int64)  # prefix id at each position
+    for i in range(gamma):  # prefix ids: 1 + base-vocab code, offset by length
+        codes[:, i + 1] = codes[:, i] * vocab + tokens[:, i] + 1
+    n_prefixes = int(codes.max()) + 1
+    rows = rng.dirichlet(np.full(vocab, concentration), (n_pairs, 2, n_prefixes))
+    target = rows[:, 0][:, codes].reshape(-1, gamma + 1, vocab)  # (n_pairs·N, γ + 1, V)
+    draft = rows[:, 1][:, codes[:, :gamma]].reshape(-1, gamma, vocab)
+    paths = _with_prob(np.tile(tokens, (n_pairs, 1)), target, draft)
+    gains = [step_outcomes(paths, block)[0] * np.arange(gamma + 1) for block in (True, False)]
+    per_path = paths.prob * (gains[0] - gains[1]).sum(axis=1)
+    return per_path.reshape(n_pairs, -1).sum(axis=1)
+
+
+def _lazy_stationary(kernel):
+    """A stationary law of kernel, by power iteration on (kernel + I)/2, aperiodic by design."""
+    return _stationary((kernel + np.eye(len(kernel))) / 2)
+
+
+def _chain_tokens_per_call(start_outcomes):
+    """Long-run tokens per call from {context row c: (P(τ = i, last = y | c) (γ+1, V))}."""
+    kernel = np.array([start_outcomes[c].sum(axis=0) for c in range(1, len(CONTEXTS))])
+    tokens = np.array(
+        [
+            (start_outcomes[c].sum(axis=1) * np.arange(1, start_outcomes[c].shape[0] + 1)).sum()
+            for c in range(1, len(CONTEXTS))
+        ]
+    )
+    return float(_lazy_stationary(kernel) @ tokens)
+
+
+def toy_tokens_per_call(w, gamma, block=True):
+    """Exact long-run tokens per target call on the toy (float): per-token or block verification."""
+    _check_unit_interval(w, "w")
+    _check_count(gamma, "gamma")
+    outcomes = {}
+    for c, ctx in enumerate(CONTEXTS[1:], start=1):
+        paths, _ = toy_block_paths(w, gamma, ctx, exact=False)
+        tau, laws = step_outcomes(paths, block)
+        outcomes[c] = np.einsum("n,ni,niv->iv", paths.prob, tau, laws)  # (γ + 1, V)
+    return _chain_tokens_per_call(outcomes)
+
+
+# ---- Lossy verifiers: rules that keep more than min(1, p/q) allows -------------------------
+# Their accept functions read whole rows (…, V), so they serve Rule.tables (exact analysis).
+
+
+def _entropy(p):
+    """H(p) = −Σ p log p along the last axis, (…, 1)."""
+    logs = np.log(np.where(p > 0, p, 1))
+    return -(p * logs).sum(axis=-1, keepdims=True)
+
+
+def _argmax_one_hot(p):
+    """The one-hot law at argmax p (first index on ties)."""
+    return np.eye(p.shape[-1])[np.argmax(p, axis=-1)]
+
+
+def medusa_rule(scale=1.0):
+    """Medusa's typical acceptance: keep x iff p(x) > min(ε, δ·e^{−H(p)}), else argmax p.
+
+    (ε, δ) = scale·(0.09, 0.3), Medusa's defaults at scale 1.
+    """
+    eps, delta = 0.09 * scale, 0.3 * scale
+    return Rule(
+        f"Medusa typical, scale {scale:g}",
+        accept=lambda p, q: (p > np.minimum(eps, delta * np.exp(-_entropy(p)))) * 1.0,
+        correction=lambda p, q: _argmax_one_hot(p),
+    )
+
+
+def threshold_rule(tau):
+    """Keep x iff p(x) ≥ τ (in place of the ratio test); on rejection draw the residual."""
+    return Rule(f"p(x) ≥ {tau:g}", accept=lambda p, q: (p >= tau) * 1.0)
+
+
+def loosened_rule(t):
+    """Thresholds t < 1 in the single-draft rule: keep w.p. min(1, ratio/t), or if p(x) ≥ t."""
+    return Rule(
+        f"thresholds {t:g}",
+        accept=lambda p, q: np.maximum(np.minimum(1, _ratio(p, q) / t), (p >= t) * 1.0),
+    )
+
+
+LOSSY_KNOBS = {  # rule family, knob values from lossy to exact (or least lossy)
+    "Medusa typical (ε, δ)·s": (medusa_rule, [1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0]),
+    "p(x) ≥ τ": (threshold_rule, [0.02, 0.04, 0.06, 0.1, 0.15, 0.2, 0.3]),
+    "thresholds t < 1": (loosened_rule, [0.01, 0.05, 0.1, 0.2, 0.4, 0.7, 1.0]),
+}
+
+
+def rule_tokens_per_call(w, gamma, rule=EXACT_RULE):
+    """Exact long-run tokens per target call of a per-token Rule on the toy (float)."""
+    _check_unit_interval(w, "w")
+    _check_count(gamma, "gamma")
+    p, q = P_MATRIX[1:], draft_matrix(w)[1:]  # (18, 18): token contexts
+    accept, correction = rule.tables(p, q)
+    keep = q * accept  # draft kept, token -> next token
+    reject = 1 - keep.sum(axis=1)
+    reach, kernel, tokens = np.eye(V), np.zeros((V, V)), np.ones(V)
+    for _ in range(gamma):
+        kernel += (reach * reject) @ correction
+        reach = reach @ keep
+        tokens += reach.sum(axis=1)
+    kernel += reach @ p
+    return float(_lazy_stationary(kernel) @ tokens)
+
+
+def rule_output_tv(w, gamma, rule, k=2):
+    """TV between the law of the first k tokens from BOS under rule, and the target's."""
+    law = speculative_law(k, gamma, w, BOS, rule=rule, exact=False)
+    return float(law_tv(law, target_joint(k, BOS, exact=False)))
+
+
+def lossy_frontier(w=0.3, gamma=3):
+    """Rows (family, knob, tokens per call, TV) for every lossy knob value, at (w, γ)."""
+    rows = []
+    for family, (make, knobs) in LOSSY_KNOBS.items():
+        for knob in knobs:
+            rule = make(knob)
+            rows.append(
+                (family, knob, rule_tokens_per_call(w, gamma, rule), rule_output_tv(w, gamma, rule))
+            )
+    return rows
+
+
+# ---- Greedy and strict verification as special cases ----------------------------------------
+
+
+def strict_alpha(w):
+    """Strict sampler-match verification: keep x iff x = y, y ~ p fresh; α = Σ_c π(c)·Σ p·q_w."""
+    return float(PI_P_VECTOR @ (P_MATRIX[1:] * draft_matrix(w)[1:]).sum(axis=1))
+
+
+# ---- Chapter 7's experiments and figures ----------------------------------------------------
+
+MD_CTX, MD_W = "t", Fraction(3, 10)  # the one position of the multi-draft tables
+MD_KS = (1, 2, 3, 4)
+MD_FRACTION_LIMIT = 3  # rules that branch per candidate run in Fractions up to this k
+BLOCK_GAMMA = 3
+BLOCK_WEIGHTS = [0.0, 0.3, 0.6, 0.9, 1.0]
+RANDOM_PAIRS = 2000
+
+
+def multi_draft_rows(ctx=MD_CTX, w=MD_W, ks=MD_KS):
+    """Per rule and k: acceptance, max |law − p|, TV(law, p), and whether it ran in Fractions."""
+    rows = []
+    for key, rule in MULTI_DRAFT_RULES.items():
+        for k in ks:
+            exact = rule.merges or rule.draws == "top-k" or k <= MD_FRACTION_LIMIT
+            p, q = (m[CONTEXT_INDEX[ctx]] for m in model_matrices(w, exact))
+            table = multi_draft_law(rule, p, q, k)
+            gap = np.abs(table.sum(axis=0) - p)
+            rows.append(
+                {
+                    "rule": key,
+                    "k": k,
+                    "acceptance": float(table[:k].sum()),
+                    "max |Δ|": float(gap.max()),
+                    "TV": float(gap.sum() / 2),
+                    "Fractions": bool(exact),
+                }
+            )
+    return rows
+
+
+def pair_optima(ctx=MD_CTX, w=MD_W):
+    """The LP optimum for k = 2 under each way of drawing the pair: {draws: acceptance}."""
+    p, q = (m[CONTEXT_INDEX[ctx]] for m in model_matrices(w, exact=False))
+    return {
+        d: optimal_pair_acceptance(p, candidate_pair_law(q, d)) for d in ("iid", "without", "top-k")
+    }
+
+
+def block_sweep(weights=BLOCK_WEIGHTS, gamma=BLOCK_GAMMA):
+    """{w: (per-token, block)} exact long-run tokens per call on the toy."""
+    return {w: (rule_tokens_per_call(w, gamma), toy_tokens_per_call(w, gamma)) for w in weights}
+
+
+SHORT_NAMES = {  # legend labels that fit a phone
+    "without replacement": "without repl.",
+    "broken: q not renormalised": "broken (q not renorm.)",
+    "Medusa typical (ε, δ)·s": "Medusa (ε, δ)·s",
+    "thresholds t < 1": "thresholds t",
+}
+
+
+def plot_multi_draft_acceptance(rows, optima):
+    """Acceptance against k for each multi-draft rule; the LP optima at k = 2 as stars."""
+    fig, ax = _new_figure(figsize=(6.4, 5.2))
+    for key, marker in zip(MULTI_DRAFT_RULES, ["o", "s", "v", "D", "^"]):
+        mine = [r for r in rows if r["rule"] == key]
+        dash = ":" if key.startswith("broken") else "-"
+        x, y = [r["k"] for r in mine], [r["acceptance"] for r in mine]
+        ax.plot(x, y, dash, marker=marker, label=SHORT_NAMES.get(key, key))
+    ax.plot(
+        [2, 2],
+        [optima["iid"], optima["top-k"]],
+        "*",
+        color="black",
+        markersize=15,
+        label="LP optimum, k = 2",
+    )
+    ax.set_xticks(list(MD_KS))
+    ax.set(
+        xlabel="candidates k",
+        ylabel="P(a candidate is kept)",
+        title=f"k drafts at '{MD_CTX}', w = {float(MD_W):g}",
+    )
+    fig.legend(loc="lower center", ncol=2, bbox_to_anchor=(0.5, -0.16))
+    return fig
+
+
+def plot_block_gains(gains):
+    """Histogram of E[accepted] block − per token over random pairs."""
+    fig, ax = _new_figure()
+    ax.hist(gains, bins=40, color=OKABE_ITO[0])
+    ax.axvline(0, color="black", linewidth=1)
+    ax.set(
+        xlabel="gain in kept drafts per step",
+        ylabel="random pairs",
+        title=f"Block − per-token, {len(gains):,} pairs",
+    )
+    return fig
+
+
+def plot_block_tokens_vs_w(sweep, gamma=BLOCK_GAMMA):
+    """Exact tokens per call against w: per-token as a line, block as markers and dashes."""
+    fig, ax = _new_figure()
+    grid = np.linspace(0, 1, 51)
+    ax.plot(
+        grid, [rule_tokens_per_call(w, gamma) for w in grid], color=OKABE_ITO[0], label="per-token"
+    )
+    ax.plot(list(sweep), [b for _, b in sweep.values()], "s--", color=OKABE_ITO[1], label="block")
+    ax.set(
+        xlabel="draft weight w",
+        ylabel="tokens per target call",
+        title=f"Exact tokens per call, γ = {gamma}",
+    )
+    ax.legend()
+    return fig
+
+
+def plot_lossy_frontier(rows, exact_points):
+    """Tokens per call against TV from p: lossy knobs as marked lines, exact rules at TV = 0."""
+    fig, ax = _new_figure(figsize=(6.4, 5.2))
+    for family, marker, dash in zip(LOSSY_KNOBS, ["o", "s", "^"], ["-", "--", ":"]):
+        mine = [r for r in rows if r[0] == family]
+        x, y = [r[3] for r in mine], [r[2] for r in mine]
+        ax.plot(x, y, dash, marker=marker, label=SHORT_NAMES.get(family, family))
+    for (name, value), colour in zip(exact_points.items(), [OKABE_ITO[7], OKABE_ITO[3]]):
+        ax.plot([0], [value], "*", markersize=16, color=colour, label=name)
+    ax.set(
+        xlabel="TV of the first two tokens from p",
+        ylabel="tokens per target call",
+        title="Lossy verifiers: speed against error",
+    )
+    fig.legend(loc="lower center", ncol=2, bbox_to_anchor=(0.5, -0.16))
+    return fig
+
+
+# --------------------------------------------------------------------------------------------
 # The book's experiments: each seeded, so two builds give the same numbers
 # --------------------------------------------------------------------------------------------
 
@@ -1893,4 +2630,14 @@ FIGURES = {
     "ch5-fig4-operations": plot_operations_increase,
     "ch5-real-pairs": plot_real_pairs,
     "ch5-panel": plot_panel,
+    "ch7-multi-draft": lambda: plot_multi_draft_acceptance(multi_draft_rows(), pair_optima()),
+    "ch7-block-gains": lambda: plot_block_gains(random_pair_gains(RANDOM_PAIRS)),
+    "ch7-block-tokens": lambda: plot_block_tokens_vs_w(block_sweep()),
+    "ch7-lossy-frontier": lambda: plot_lossy_frontier(
+        lossy_frontier(),
+        {
+            "per-token (exact)": rule_tokens_per_call(0.3, BLOCK_GAMMA),
+            "block (exact)": toy_tokens_per_call(0.3, BLOCK_GAMMA),
+        },
+    ),
 }

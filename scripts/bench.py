@@ -2,6 +2,7 @@
 
 For each workload: the literal Python loops the chapters show, the vectorised engine the chapters
 run, and the floor, drawing the same number of uniforms the engine consumes and nothing else.
+Last, verify and block_verify on one batch; their floor adds one read of the input arrays.
 """
 
 import time
@@ -101,6 +102,28 @@ def line(name, draws, literal, fast, floor):
     return f"{name:34} " + " ".join(cells)
 
 
+def verifier_batch(batch=100_000, gamma=4, vocab=32, seed=0):
+    """A batch for the verifiers: target (B, gamma + 1, V), draft (B, gamma, V), tokens."""
+    rng = np.random.default_rng(seed)
+    target = rng.dirichlet(np.ones(vocab), size=(batch, gamma + 1))
+    draft = rng.dirichlet(np.ones(vocab), size=(batch, gamma))
+    tokens = (draft.cumsum(axis=2) < rng.random((batch, gamma, 1))).sum(axis=2)
+    return target, draft, np.minimum(tokens, vocab - 1)
+
+
+def verifier_rows():
+    """verify and block_verify on the same batch, each against its floor."""
+    arrays = verifier_batch()
+    batch, gamma = arrays[2].shape
+    read = seconds(lambda: [a.sum() for a in arrays])  # one read of the inputs
+    print(f"\nverifiers, B = {batch:,}, gamma = {gamma}, V = {arrays[0].shape[2]}")
+    for name, fn in (("verify", sc.verify), ("block_verify", sc.block_verify)):
+        n_uniforms = uniforms_used(lambda rng, fn=fn: fn(*arrays, rng))
+        fast = seconds(lambda fn=fn: fn(*arrays, np.random.default_rng(1)))
+        floor = read + seconds(lambda n=n_uniforms: np.random.default_rng(1).random(n))
+        print(line(name, batch, None, fast, floor))
+
+
 def main():
     """Print one row per workload, then the totals."""
     header = ["draws", "literal s", "fast s", "ratio", "floor s", "fast/floor"]
@@ -132,6 +155,7 @@ def main():
             totals[2] + controls[1],
         )
     )
+    verifier_rows()
 
 
 if __name__ == "__main__":
