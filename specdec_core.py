@@ -280,14 +280,8 @@ BROKEN_RULES = {
 
 def _accepted_count(accept_x, u):
     """Leading ratio tests passed (B,), from acceptance probs and uniforms, both (B, gamma)."""
-    batch, gamma = accept_x.shape
     passed = u < accept_x  # (B, gamma): r < min(1, p/q)
-    accepted = np.zeros(batch, dtype=np.int64)
-    alive = np.ones(batch, dtype=bool)
-    for i in range(gamma):  # stop at the first failed test
-        alive &= passed[:, i]
-        accepted += alive
-    return accepted
+    return np.logical_and.accumulate(passed, axis=1).sum(axis=1)  # stop at the first failure
 
 
 def _test_uniforms(rng, batch, gamma, rule):
@@ -296,27 +290,61 @@ def _test_uniforms(rng, batch, gamma, rule):
     return np.broadcast_to(u, (batch, gamma))
 
 
+def _row_sums(weights):
+    """Σ over the last axis, (...,): einsum reads short rows far faster than sum(axis=-1)."""
+    return np.einsum("...v->...", weights)
+
+
+def _sample_cumulative(cumulative, rng):
+    """One inverse-CDF draw from each row, given cumulative sums (N, V) of weights >= 0."""
+    u = rng.random(len(cumulative))[:, None] * cumulative[:, -1:]  # below each row's total
+    return np.count_nonzero(cumulative <= u, axis=1)  # the first token whose sum passes u
+
+
 def _sample_rows(weights, rng):
     """One inverse-CDF draw from each row of non-negative weights (N, V) with a positive sum."""
-    cumulative = weights.cumsum(axis=1)
-    u = rng.random(len(weights))[:, None] * cumulative[:, -1:]  # below each row's total
-    return (cumulative <= u).sum(axis=1)  # the first token whose cumulative sum passes u
+    return _sample_cumulative(weights.cumsum(axis=1), rng)
 
 
 def _final_token(p_n, q_n, is_bonus, rng, rule):
     """The token after the accepted ones: bonus from p, or a draw from the rule's correction."""
-    law = np.where(is_bonus[:, None], p_n, rule.correction_law(p_n, q_n))  # (B, V)
-    return _sample_rows(law, rng)
+    cumulative = rule.correction(p_n, q_n).cumsum(axis=1)  # (B, V), unnormalised
+    from_p = is_bonus | (cumulative[:, -1] <= 0)  # bonus, or a correction without mass: p
+    cumulative[from_p] = p_n[from_p].cumsum(axis=1)
+    return _sample_cumulative(cumulative, rng)  # u is scaled to each row's total
 
 
 def _emitted(draft_tokens, accepted, final):
-    """(B, gamma + 1) tokens: the accepted draft, then the final token, then -1 padding."""
+    """(B, gamma + 1) signed tokens: the accepted draft, the final token, then -1 padding."""
     batch, gamma = draft_tokens.shape
     tokens = np.full((batch, gamma + 1), -1, dtype=np.int64)
     kept = np.arange(gamma) < accepted[:, None]
-    tokens[:, :gamma] = np.where(kept, draft_tokens, -1)
+    tokens[:, :gamma][kept] = draft_tokens[kept]  # any integer dtype: -1 never becomes 255
     tokens[np.arange(batch), accepted] = final
     return tokens
+
+
+_REAL_KINDS = "fiu"  # float, signed and unsigned integer dtypes; not bool, complex or object
+
+
+def _row_sums(weights):
+    """Σ over the last axis, (...,): einsum reads short rows far faster than sum(axis=-1)."""
+    return np.einsum("...v->...", weights)
+
+
+def _check_probs(probs, name):
+    """Raise unless probs (..., V) holds real, finite, non-negative rows summing to 1."""
+    if probs.dtype.kind not in _REAL_KINDS:
+        raise TypeError(f"{name} must hold real numbers (float or int), got dtype {probs.dtype}")
+    sums = _row_sums(probs)  # one read; a NaN or inf entry shows in its row's sum
+    fine = np.isfinite(sums).all() and np.all(np.abs(sums - 1) <= 1e-6)
+    if fine and (probs.size == 0 or probs.min() >= 0):  # a second read: any negative entry
+        return
+    if not np.all(np.isfinite(probs)):
+        raise ValueError(f"{name} contains NaN or inf")
+    if np.any(probs < 0):
+        raise ValueError(f"{name} has negative entries")
+    raise ValueError(f"{name} has rows that do not sum to 1 (tolerance 1e-6)")
 
 
 def _check_batch(target_probs, draft_probs, draft_tokens):
@@ -336,14 +364,9 @@ def _check_batch(target_probs, draft_probs, draft_tokens):
             f"shapes do not match: target_probs {target_probs.shape}, draft_probs "
             f"{draft_probs.shape}, draft_tokens {draft_tokens.shape}"
         )
-    for name, probs in (("target_probs", target_probs), ("draft_probs", draft_probs)):
-        if not np.all(np.isfinite(probs)):
-            raise ValueError(f"{name} contains NaN or inf")
-        if np.any(probs < 0):
-            raise ValueError(f"{name} has negative entries")
-        if np.any(np.abs(probs.sum(axis=-1) - 1) > 1e-6):
-            raise ValueError(f"{name} has rows that do not sum to 1 (tolerance 1e-6)")
-    if not np.issubdtype(draft_tokens.dtype, np.integer):
+    _check_probs(target_probs, "target_probs")
+    _check_probs(draft_probs, "draft_probs")
+    if draft_tokens.dtype.kind not in "iu":
         raise ValueError(f"draft_tokens must be integers, got dtype {draft_tokens.dtype}")
     if draft_tokens.size and (draft_tokens.min() < 0 or draft_tokens.max() >= vocab):
         raise ValueError(f"draft_tokens must lie in [0, {vocab})")
@@ -358,16 +381,33 @@ def verify(target_probs, draft_probs, draft_tokens, rng):
     return _verify(target_probs, draft_probs, draft_tokens, rng, EXACT_RULE)
 
 
+def _rows_at(probs, positions):
+    """probs[b, positions[b]] for every b, (B, V): one flat take when probs is contiguous."""
+    batch, length, vocab = probs.shape
+    rows = np.arange(batch)
+    if not probs.flags.c_contiguous:  # e.g. a broadcast view: index it in place, no copy
+        return probs[rows, positions]
+    return np.take(probs.reshape(batch * length, vocab), rows * length + positions, axis=0)
+
+
+def _entries(probs, draft_tokens):
+    """probs[b, i, draft_tokens[b, i]] for i < gamma, (B, gamma): each drafted token's entry."""
+    batch, gamma = draft_tokens.shape
+    rows = np.arange(batch)[:, None]
+    if not probs.flags.c_contiguous:
+        return probs[rows, np.arange(gamma), draft_tokens]
+    length, vocab = probs.shape[1:]
+    return np.take(probs.reshape(-1), (rows * length + np.arange(gamma)) * vocab + draft_tokens)
+
+
 def _verify(target_probs, draft_probs, draft_tokens, rng, rule):
     """verify() without the checks, for any Rule."""
     batch, gamma = draft_tokens.shape
-    rows = np.arange(batch)
     seen = rule.seen_q(draft_probs)  # (B, gamma, V)
-    p_x = np.take_along_axis(target_probs[:, :gamma], draft_tokens[..., None], axis=2)[..., 0]
-    q_x = np.take_along_axis(seen, draft_tokens[..., None], axis=2)[..., 0]
+    p_x, q_x = _entries(target_probs, draft_tokens), _entries(seen, draft_tokens)  # (B, gamma)
     accepted = _accepted_count(rule.accept(p_x, q_x), _test_uniforms(rng, batch, gamma, rule))
-    p_n = target_probs[rows, accepted]  # (B, V): the target where the step ends
-    q_n = seen[rows, np.minimum(accepted, gamma - 1)] if gamma else p_n
+    p_n = _rows_at(target_probs, accepted)  # (B, V): the target where the step ends
+    q_n = _rows_at(seen, np.minimum(accepted, gamma - 1)) if gamma else p_n
     final = _final_token(p_n, q_n, accepted == gamma, rng, rule)
     return accepted, _emitted(draft_tokens, accepted, final)
 

@@ -86,6 +86,27 @@ CONTROLS = (
     ],
 )
 RNG = np.random.default_rng(0)
+VERIFY_SHAPES = [(200_000, 4, 18), (64, 5, 32_000)]  # (B, gamma, V): the toy's and an engine's
+
+
+def verify_batch(batch, gamma, vocab):
+    """Random target and draft rows (Dirichlet) and drafts from the draft rows, seeded."""
+    rng = np.random.default_rng(0)
+    target = rng.dirichlet(np.ones(vocab), size=(batch, gamma + 1))
+    draft = rng.dirichlet(np.ones(vocab), size=(batch, gamma))
+    tokens = sc._sample_rows(draft.reshape(-1, vocab), rng).reshape(batch, gamma)
+    return target, draft, tokens
+
+
+def verify_rows():
+    """verify() with all its checks against one read of its inputs, at each shape."""
+    print(f"\n{'verify at (B, gamma, V)':34} {'verify s':>10} {'read s':>8} {'ratio':>7}")
+    for shape in VERIFY_SHAPES:
+        target, draft, tokens = verify_batch(*shape)
+        fast = seconds(lambda t=target, d=draft, x=tokens: sc.verify(t, d, x, RNG))
+        floor = seconds(lambda t=target, d=draft: (t.sum(), d.sum()))  # one pass over the inputs
+        name = "B = {:,}, gamma = {}, V = {:,}".format(*shape)
+        print(f"{name:34} {fast:>10.4f} {floor:>8.4f} {fast / floor:>7.1f}")
 
 
 def line(name, draws, literal, fast, floor):
@@ -132,6 +153,7 @@ def main():
             totals[2] + controls[1],
         )
     )
+    verify_rows()
 
 
 if __name__ == "__main__":
