@@ -950,8 +950,8 @@ def process(rows, seen, settings):
     inverse_t = 1 / as_fraction(settings.temperature)
     weights = np.where(seen, _power(rows, settings.penalty * inverse_t), _power(rows, inverse_t))
     if settings.greedy:
-        weights = np.where(np.arange(rows.shape[1]) == weights.argmax(axis=1)[:, None], 1, 0)
-        weights = weights.astype(rows.dtype if rows.dtype == object else float)
+        top = np.arange(rows.shape[1]) == weights.argmax(axis=1)[:, None]
+        weights = np.where(top, weights**0, 0 * weights)  # ones and zeros of the rows' type
     if settings.top_k is not None:
         weights = _keep_top(weights, np.full(len(rows), settings.top_k))
     if settings.top_p is not None:
@@ -1144,8 +1144,8 @@ def samples_to_detect(law, reference, level=1e-3, power=0.8):
     by_chi = lam / drift if drift > 0 else np.inf
     by_forbidden = max(1.0, np.log1p(-power) / np.log1p(-forbidden)) if forbidden > 0 else np.inf
     if by_forbidden < by_chi:
-        return float(by_forbidden), "a forbidden outcome"
-    return float(by_chi), "chi-square"
+        return float(np.ceil(by_forbidden)), "a forbidden outcome"
+    return float(np.ceil(max(by_chi, 1.0))), "chi-square"
 
 
 def rule_verifier(rule):
@@ -1192,7 +1192,7 @@ AUDIT_MIN_EXPECTED = 5  # cells expecting fewer draws are pooled into one
 AUDIT_SEED = 2026  # the scenarios' models are fixed; audit_verifier's seed drives the draws
 
 
-USER_SETTINGS = Settings(temperature=Fraction(1, 2), top_k=10, top_p=Fraction(9, 10), penalty=2)
+USER_SETTINGS = Settings(temperature=Fraction(1, 2), top_k=8, top_p=Fraction(9, 10), penalty=2)
 SETTINGS_W = Fraction(3, 10)  # the draft weight of chapter 6
 
 
@@ -1209,6 +1209,45 @@ def bug_pipelines(user=USER_SETTINGS):
         ),
         "stale penalty prefix": Pipeline("stale penalty prefix", user, user, stale=True),
     } | {key: Pipeline(rule.name, user, user, rule=rule) for key, rule in ROW_BUGS.items()}
+
+
+EXACT_IN_FRACTIONS = ("softmax residual", "bf16 draft, fp32 ratio")  # the float-only bugs
+
+
+def _outcome(code, k):
+    """The k-token string of a base-V code, spaces shown as '␣'."""
+    return "".join(show_token(VOCAB[code // V ** (k - 1 - i) % V]) for i in range(k))
+
+
+def bug_rows(k=3, gamma=2, w=SETTINGS_W, level=1e-3, power=0.8):
+    """Per bug: exact TV of k tokens from p', the most over- and under-made outcome, and the
+    draws a chi-square test at `level` needs for `power` (floats; see tiny_clamp_row)."""
+    reference = processed_target_law(k, USER_SETTINGS, exact=False)
+    rows = []
+    for key, pipeline in bug_pipelines().items():
+        if key == "tiny clamp":
+            continue
+        law = np.asarray(pipeline_law(k, gamma, w, pipeline, exact=False)[0], float)
+        n, reason = samples_to_detect(law, reference, level, power)
+        gap = law - reference
+        rows.append(
+            {
+                "bug": key,
+                "TV": law_total_variation(law, reference),
+                "too often": f"{_outcome(int(gap.argmax()), k)} ({gap.max():+.2g})",
+                "too rarely": f"{_outcome(int(gap.argmin()), k)} ({gap.min():+.2g})",
+                "draws to catch": n,
+                "caught by": reason,
+            }
+        )
+    return rows
+
+
+def tiny_clamp_row(k=2, gamma=2, w=SETTINGS_W):
+    """The finfo.tiny clamp in Fractions: exact TV of k tokens, and the bound k·V·tiny/min Z."""
+    reference = processed_target_law(k, USER_SETTINGS)
+    law, _ = pipeline_law(k, gamma, w, bug_pipelines()["tiny clamp"])
+    return law_total_variation(law, reference), law, reference
 
 
 class Scenario(NamedTuple):
@@ -1955,6 +1994,38 @@ def widget_panel():
     return widgets.VBox(
         [widgets.HBox(list(sliders.values())), widgets.interactive_output(redraw, sliders)]
     )
+
+
+def plot_bug_power(rows):
+    """Each bug's exact TV against the draws a chi-square test needs, both on log scales."""
+    fig, ax = _new_figure()
+    markers = {"chi-square": "o", "a forbidden outcome": "s"}
+    for reason, marker in markers.items():
+        chosen = [r for r in rows if r["caught by"] == reason]
+        ax.scatter(
+            [r["TV"] for r in chosen],
+            [max(r["draws to catch"], 1) for r in chosen],
+            marker=marker,
+            s=70,
+            color=OKABE_ITO[0] if reason == "chi-square" else OKABE_ITO[3],
+            label=f"caught by {reason}",
+        )
+    for r in rows:
+        ax.annotate(
+            r["bug"],
+            (r["TV"], max(r["draws to catch"], 1)),
+            fontsize=9,
+            xytext=(4, 4),
+            textcoords="offset points",
+        )
+    ax.set(
+        xscale="log",
+        yscale="log",
+        xlabel="exact TV of three tokens from p'",
+        ylabel="draws for 80 % power at 1e-3",
+    )
+    ax.legend(loc="upper right")
+    return fig
 
 
 # Every figure of the book, by name: `make figures` writes each one to figures/.
