@@ -2011,34 +2011,31 @@ def widget_panel():
 
 
 def plot_bug_power(rows):
-    """Each bug's exact TV against the draws a chi-square test needs, both on log scales."""
-    fig, ax = _new_figure()
-    markers = {"chi-square": "o", "a forbidden outcome": "s"}
-    for reason, marker in markers.items():
-        chosen = [r for r in rows if r["caught by"] == reason]
+    """Each bug's exact TV (left) and the draws a chi-square test needs (right), log scales."""
+    fig, (left, right) = _new_figure(ncols=2, sharey=True, figsize=(7.5, 5.5))
+    rows = sorted(rows, key=lambda r: r["TV"])
+    y = np.arange(len(rows))
+    chi = np.array([r["caught by"] == "chi-square" for r in rows])
+    for ax, key in ((left, "TV"), (right, "draws to catch")):
+        values = np.array([r[key] for r in rows])
+        ax.hlines(y, values.min() / 3, values, color="0.8", linewidth=1)
         ax.scatter(
-            [r["TV"] for r in chosen],
-            [max(r["draws to catch"], 1) for r in chosen],
-            marker=marker,
-            s=70,
-            color=OKABE_ITO[0] if reason == "chi-square" else OKABE_ITO[3],
-            label=f"caught by {reason}",
+            values[chi], y[chi], marker="o", s=60, color=OKABE_ITO[0], label="caught by chi-square"
         )
-    for r in rows:
-        ax.annotate(
-            r["bug"],
-            (r["TV"], max(r["draws to catch"], 1)),
-            fontsize=9,
-            xytext=(4, 4),
-            textcoords="offset points",
+        ax.scatter(
+            values[~chi],
+            y[~chi],
+            marker="s",
+            s=60,
+            color=OKABE_ITO[3],
+            label="caught by a forbidden outcome",
         )
-    ax.set(
-        xscale="log",
-        yscale="log",
-        xlabel="exact TV of three tokens from p'",
-        ylabel="draws for 80 % power at 1e-3",
+        ax.set_xscale("log")
+    left.set(
+        yticks=y, yticklabels=[r["bug"] for r in rows], xlabel="exact TV from p′", ylabel="bug"
     )
-    ax.legend(loc="upper right")
+    right.set(xlabel="draws for 80 % power")
+    right.legend(loc="upper right", fontsize=9)
     return fig
 
 
@@ -2070,4 +2067,5 @@ FIGURES = {
     "ch5-fig4-speedup-operations": plot_speedup_and_operations,
     "ch5-real-pairs": plot_real_pairs,
     "ch5-panel": plot_panel,
+    "ch6-bug-power": lambda: plot_bug_power(bug_rows()),
 }

@@ -240,3 +240,9 @@ def test_verify_refuses_bool_drafts_by_name():
             np.zeros((2, 2), bool),
             rng,
         )
+
+
+def test_exercise_two_sizing():
+    n = sc.noncentrality_needed(63, 1e-4, 0.99) / (4 * 0.05**2)
+    assert 5_000 < n < 50_000  # λ ≈ 100 over 4·0.0025
+    assert sc.noncentrality_needed(63, 1e-4, 0.99) / (4 * 0.02**2) > n  # smaller TV, more draws
