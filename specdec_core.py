@@ -2011,17 +2011,18 @@ def widget_panel():
 
 
 def plot_bug_power(rows):
-    """Each bug's exact TV (left) and the draws a chi-square test needs (right), log scales."""
-    fig, (left, right) = _new_figure(ncols=2, sharey=True, figsize=(7.5, 5.5))
+    """Each bug's exact TV (top) and the draws a chi-square test needs (bottom), log scales."""
+    fig, (top, bottom) = _new_figure(nrows=2, figsize=(6.4, 8.4))
     rows = sorted(rows, key=lambda r: r["TV"])
     y = np.arange(len(rows))
     chi = np.array([r["caught by"] == "chi-square" for r in rows])
-    for ax, key in ((left, "TV"), (right, "draws to catch")):
+    for ax, key, label in (
+        (top, "TV", "exact TV from p′ (three tokens)"),
+        (bottom, "draws to catch", "draws for 80 % power at level 1e-3"),
+    ):
         values = np.array([r[key] for r in rows])
         ax.hlines(y, values.min() / 3, values, color="0.8", linewidth=1)
-        ax.scatter(
-            values[chi], y[chi], marker="o", s=60, color=OKABE_ITO[0], label="caught by chi-square"
-        )
+        ax.scatter(values[chi], y[chi], marker="o", s=60, label="caught by chi-square")
         ax.scatter(
             values[~chi],
             y[~chi],
@@ -2030,12 +2031,9 @@ def plot_bug_power(rows):
             color=OKABE_ITO[3],
             label="caught by a forbidden outcome",
         )
-        ax.set_xscale("log")
-    left.set(
-        yticks=y, yticklabels=[r["bug"] for r in rows], xlabel="exact TV from p′", ylabel="bug"
-    )
-    right.set(xlabel="draws for 80 % power")
-    right.legend(loc="upper right", fontsize=9)
+        ax.set(xscale="log", xlabel=label, yticks=y, yticklabels=[r["bug"] for r in rows])
+    bottom.legend(loc="upper right")
+    fig.tight_layout()
     return fig
 
 
