@@ -1350,15 +1350,13 @@ def _scenario_batch(index, n, rng):
     """Drafts (n, gamma) from q, and the target (n, gamma+1, V) and draft rows along them."""
     scenario, (draft_samplers, _) = audit_scenarios()[index], _samplers(index)
     gamma, vocab = scenario.draft.shape[:2]
-    drafts = np.zeros((n, gamma), dtype=np.int64)
-    target_rows, draft_rows = np.empty((n, gamma + 1, vocab)), np.empty((n, gamma, vocab))
-    prev = np.zeros(n, dtype=np.int64)
+    path = np.zeros((n, gamma + 1), dtype=np.int64)  # the token before each position
     for i in range(gamma):
-        draft_rows[:, i] = np.take(scenario.draft[i], prev, axis=0)
-        target_rows[:, i] = np.take(scenario.target[i], prev, axis=0)
-        prev = drafts[:, i] = draft_samplers[i](prev, rng.random(n))
-    target_rows[:, gamma] = np.take(scenario.target[gamma], prev, axis=0)
-    return target_rows, draft_rows, drafts
+        path[:, i + 1] = draft_samplers[i](path[:, i], rng.random(n))
+    rows = path + vocab * np.arange(gamma + 1)  # row i·V + prev of the stacked tables
+    target_rows = np.take(scenario.target.reshape(-1, vocab), rows, axis=0)
+    draft_rows = np.take(scenario.draft.reshape(-1, vocab), rows[:, :gamma], axis=0)
+    return target_rows, draft_rows, path[:, 1:].copy()
 
 
 def _output_problem(result, drafts, vocab):
