@@ -281,8 +281,10 @@ BROKEN_RULES = {
 
 def _accepted_count(accept_x, u):
     """Leading ratio tests passed (B,), from acceptance probs and uniforms, both (B, gamma)."""
-    passed = u < accept_x  # (B, gamma): r < min(1, p/q)
-    return np.logical_and.accumulate(passed, axis=1).sum(axis=1)  # stop at the first failure
+    batch, gamma = accept_x.shape
+    passed = np.zeros((batch, gamma + 1), dtype=bool)  # a failed sentinel test at the end
+    np.less(u, accept_x, out=passed[:, :gamma])  # r < min(1, p/q)
+    return passed.argmin(axis=1)  # the first failed test
 
 
 def _test_uniforms(rng, batch, gamma, rule):
@@ -320,7 +322,7 @@ def _emitted(draft_tokens, accepted, final):
     batch, gamma = draft_tokens.shape
     tokens = np.full((batch, gamma + 1), -1, dtype=np.int64)
     kept = np.arange(gamma) < accepted[:, None]
-    tokens[:, :gamma][kept] = draft_tokens[kept]  # any integer dtype: -1 never becomes 255
+    tokens[:, :gamma] = np.where(kept, draft_tokens.astype(np.int64), -1)  # never 255
     tokens[np.arange(batch), accepted] = final
     return tokens
 
@@ -338,8 +340,10 @@ def _check_probs(probs, name):
     if probs.dtype.kind not in _REAL_KINDS:
         raise TypeError(f"{name} must hold real numbers (float or int), got dtype {probs.dtype}")
     sums = _row_sums(probs)  # one read; a NaN or inf entry shows in its row's sum
-    fine = np.isfinite(sums).all() and np.all(np.abs(sums - 1) <= 1e-6)
-    if fine and (probs.size == 0 or probs.min() >= 0):  # a second read: any negative entry
+    if sums.size == 0:  # no rows at all
+        return
+    fine = sums.max() - 1 <= 1e-6 and 1 - sums.min() <= 1e-6  # False on NaN or inf
+    if fine and probs.min() >= 0:  # a second read: any negative entry
         return
     if not np.all(np.isfinite(probs)):
         raise ValueError(f"{name} contains NaN or inf")
