@@ -175,8 +175,38 @@ def _check_step_args(ctx, gamma, w):
     _check_unit_interval(w, "w")
 
 
-def speculative_step(ctx, gamma, w, rng):
-    """One step of Algorithm 1: draft gamma tokens from q_w, keep each with prob min(1, p/q)."""
+class StepTrace(NamedTuple):
+    """One speculative step as it happened: drafts, ratios, uniforms, the last token."""
+
+    ctx: str
+    draft: list  # the gamma drafted tokens
+    ratios: list  # min(1, p(x)/q(x)) of each drafted token
+    uniforms: list  # the uniform r of each ratio test that ran
+    accepted: int  # n, the drafts kept
+    last: str  # the residual draw after a rejection, or the bonus token from p
+
+    @property
+    def tokens(self):
+        """The tokens the step emits: the kept drafts, then the last token."""
+        return self.draft[: self.accepted] + [self.last]
+
+    @property
+    def tests(self):
+        """Ratio tests run: min(n + 1, gamma)."""
+        return len(self.uniforms)
+
+    @property
+    def boxes(self):
+        """(token, kind) in display order: drafts tested, the last token, drafts never tested."""
+        n, bonus = self.accepted, self.accepted == len(self.draft)
+        kinds = ["accepted"] * n + ([] if bonus else ["rejected"])
+        drafted = [(x, kind) for x, kind in zip(self.draft, kinds)]
+        untested = [(x, "not tested") for x in self.draft[n + 1 :]]
+        return drafted + [(self.last, "bonus" if bonus else "resampled")] + untested
+
+
+def trace_step(ctx, gamma, w, rng):
+    """One step of Algorithm 1: draft gamma tokens, keep each w.p. min(1, p/q)."""
     _check_step_args(ctx, gamma, w)
     _check_rng(rng)
     draft, q_dists, c = [], [], ctx
@@ -187,18 +217,36 @@ def speculative_step(ctx, gamma, w, rng):
         q_dists.append(q)
     path = [ctx] + draft  # the context of each of the gamma + 1 positions
     p_dists = [p_dist(c) for c in path]  # 2. one batched target pass over all of them
-    n = 0
-    for x, p, q in zip(draft, p_dists, q_dists):  # 3. ratio tests, left to right
-        if rng.random() < min(1.0, p[x] / q[x]):  # q(x) <= p(x): always kept
-            n += 1
-        else:
+    ratios = [min(1.0, p[x] / q[x]) for x, p, q in zip(draft, p_dists, q_dists)]
+    uniforms, n = [], 0
+    for ratio in ratios:  # 3. ratio tests, left to right, a fresh uniform each
+        uniforms.append(rng.random())
+        if uniforms[-1] >= ratio:  # rejected (never where q(x) <= p(x), ratio 1)
             break
-    n_tests = min(n + 1, gamma)
-    if n == gamma:  # 5. all kept: a bonus token from p at position gamma + 1
-        last = _draw(p_dists[gamma], rng)
-    else:  # 4. first rejection: draw from the residual at that position
+        n += 1
+    if n < gamma:  # 4. first rejection: draw from the residual at that position
         last = _draw(residual_dist(path[n], w), rng)
-    return draft[:n] + [last], n, n_tests
+    else:  # 5. all kept: a bonus token from p at position gamma + 1
+        last = _draw(p_dists[gamma], rng)
+    return StepTrace(ctx, draft, ratios, uniforms, n, last)
+
+
+def speculative_step(ctx, gamma, w, rng):
+    """One step of Algorithm 1: (emitted tokens, drafts kept n, ratio tests run)."""
+    step = trace_step(ctx, gamma, w, rng)
+    return step.tokens, step.accepted, step.tests
+
+
+def trace_run(n_steps, gamma, w, ctx, rng):
+    """n_steps chained steps from ctx, each a StepTrace (for the figure of a run)."""
+    _check_count(n_steps, "n_steps")
+    _check_step_args(ctx, gamma, w)
+    _check_rng(rng)
+    steps = []
+    for _ in range(n_steps):
+        steps.append(trace_step(ctx, gamma, w, rng))
+        ctx = steps[-1].last
+    return steps
 
 
 def speculative_generate(n_tokens, gamma, w, ctx, rng):
@@ -713,6 +761,17 @@ class Comparison(NamedTuple):
         return chi_square_p_value(self.counts, self.exact)
 
     @property
+    def sigma(self):
+        """Standard error of each frequency under the exact law, √(p(1 − p)/n)."""
+        return np.sqrt(self.exact * (1 - self.exact) / self.n)
+
+    @property
+    def pearson_residuals(self):
+        """(count − n·p)/√(n·p) per outcome; their squares sum to Pearson's statistic."""
+        expected = self.n * self.exact
+        return (self.counts - expected) / np.sqrt(expected)
+
+    @property
     def chi_square(self):
         """Pearson's statistic Σ (count − n·p)² / (n·p), on len(counts) − 1 degrees of freedom."""
         return float(stats.chisquare(self.counts, self.exact * self.n).statistic)
@@ -766,6 +825,27 @@ def noise_reference(probs, n, rng, reps=2000):
     }
 
 
+def noise_bands(probs, n, rng, reps=2000):
+    """Under n exact draws from probs: 95th percentile of max |p̂ − p|/σ; mean, sd of the TV."""
+    probs = np.asarray(probs, float)
+    if probs.ndim != 1 or np.any(probs <= 0) or np.any(probs >= 1) or abs(probs.sum() - 1) > 1e-9:
+        raise ValueError("probs must be a 1-D array of probabilities in (0, 1) summing to 1")
+    _check_count(n, "n")
+    if n == 0:
+        raise ValueError("n must be at least 1")
+    _check_count(reps, "reps")
+    _check_rng(rng)
+    freq = rng.multinomial(n, probs, size=reps) / n  # (reps, K)
+    gap = np.abs(freq - probs)
+    z = gap / np.sqrt(probs * (1 - probs) / n)
+    tv = 0.5 * gap.sum(axis=1)
+    return {
+        "q95_max_z": float(np.quantile(z.max(axis=1), 0.95)),
+        "mean_tv": float(tv.mean()),
+        "sd_tv": float(tv.std()),
+    }
+
+
 def law_tv(law, reference):
     """Total variation ½·Σ|law − reference| between two laws over strings."""
     keys = set(law) | set(reference)
@@ -778,13 +858,13 @@ def law_tv(law, reference):
 
 
 def beta_exact(ctx, w):
-    """β(ctx) = Σ_x min(p(x | ctx), q_w(x | ctx)): the chance a draft token survives at ctx."""
+    """β(ctx) = Σ_x min(p(x | ctx), q_w(x | ctx)): a draft's survival chance at ctx."""
     p, q = p_dist(ctx), q_dist(ctx, w)
     return sum(min(p[t], q[t]) for t in VOCAB)
 
 
 def _stationary(transition, tol=1e-15, max_iter=10_000):
-    """Stationary law of a row-stochastic matrix by power iteration: π ← π·T until it settles."""
+    """Stationary law of a row-stochastic matrix by power iteration: π ← π·T."""
     pi = np.full(len(transition), 1 / len(transition))
     for _ in range(max_iter):
         new = pi @ transition
@@ -800,7 +880,11 @@ PI_P = dict(zip(VOCAB, PI_P_VECTOR.tolist()))  # the target chain's long-run con
 
 
 def alpha_exact(w):
-    """α(w) = Σ_ctx π_p(ctx)·β(ctx, w): the long-run acceptance probability."""
+    """α(w) = Σ_ctx π_p(ctx)·β(ctx, w): β averaged over the contexts the target visits.
+
+    Leviathan et al.'s α = E(β). Not exactly the long-run accepted-per-test rate of
+    the speculative chain, which tests no bonus position (see chain_stats).
+    """
     alpha = sum(PI_P[ctx] * beta_exact(ctx, w) for ctx in VOCAB)
     return min(alpha, 1.0)  # rounding may put the sum a hair above 1
 
@@ -836,10 +920,11 @@ def alpha_fraction(w):
 
 
 def expected_tokens(alpha, gamma):
-    """Eq. (1): E[tokens/step] = (1 − α^(γ+1)) / (1 − α) = Σ_{i=0..γ} α^i; γ + 1 at α = 1."""
+    """Eq. (1): E[tokens/step] = (1 − α^(γ+1))/(1 − α) = Σ_{i=0..γ} α^i."""
     _check_unit_interval(alpha, "alpha")
     _check_count(gamma, "gamma")
-    return sum(alpha**i for i in range(gamma + 1)) * 1.0  # the sum form is stable near α = 1
+    # the sum form is stable near α = 1, where the closed form divides 0 by 0
+    return sum(alpha**i for i in range(gamma + 1)) * 1.0
 
 
 def walltime_speedup(alpha, gamma, c):
@@ -855,7 +940,7 @@ def operations_increase(alpha, gamma, c_hat):
 
 
 def optimal_gamma(alpha, c, max_gamma=30):
-    """The γ in 0..max_gamma that maximises Theorem 3.8 (0: do not speculate; ties: the smaller)."""
+    """The γ ≤ max_gamma maximising Theorem 3.8; 0: do not speculate; ties: smaller."""
     _check_count(max_gamma, "max_gamma")
     speedups = [walltime_speedup(alpha, g, c) for g in range(max_gamma + 1)]
     return int(np.argmax(speedups))
@@ -875,17 +960,26 @@ class ChainStats(NamedTuple):
 
 
 def chain_stats(w, gamma):
-    """Exact long-run ChainStats, from the Markov chain of each step's last token."""
+    """Exact long-run ChainStats of the toy at weight w, from markov_chain_stats."""
     _check_unit_interval(w, "w")
     _check_count(gamma, "gamma")
-    p, q = P_MATRIX[1:], draft_matrix(w)[1:]  # (18, 18): contexts are tokens after the first step
+    return markov_chain_stats(P_MATRIX[1:], draft_matrix(w)[1:], gamma)
+
+
+def markov_chain_stats(p, q, gamma):
+    """Exact long-run ChainStats for tables p, q (V, V), from each step's last token.
+
+    Kernel M = Σ_{n<γ} Kⁿ·diag(1 − β)·R + K^γ·P: K = min(p, q) keeps, R the residual.
+    """
+    p, q = _check_tables(p, q)
     keep = np.minimum(p, q)  # kept-draft kernel: token -> next token
-    reject = 1 - keep.sum(axis=1)  # (18,) 1 − β
+    reject = 1 - keep.sum(axis=1)  # (V,) 1 − β
     residual = EXACT_RULE.correction_law(p, q)
-    reach = np.eye(V)  # reach[c, d]: P(from c, the first n drafts are kept and the n-th is d)
-    kernel = np.zeros((V, V))
-    tests = np.zeros(V)
-    accepted = np.zeros(V)
+    n = len(p)
+    reach = np.eye(n)  # reach[c, d]: P(from c, k drafts kept, the k-th is d)
+    kernel = np.zeros((n, n))
+    tests = np.zeros(n)
+    accepted = np.zeros(n)
     for _ in range(gamma):
         tests += reach.sum(axis=1)
         kernel += (reach * reject) @ residual
@@ -894,6 +988,116 @@ def chain_stats(w, gamma):
     kernel += reach @ p  # all gamma kept: bonus from p
     pi = _stationary(kernel)
     return ChainStats(float(pi @ accepted) + 1, float(pi @ accepted), float(pi @ tests))
+
+
+# --------------------------------------------------------------------------------------------
+# Any draft, any bigram target: α for other drafts, a target whose β is correlated, estimating α
+# --------------------------------------------------------------------------------------------
+
+MAX_TABLE = 64  # largest vocabulary the exact chain analysis accepts
+
+
+def _check_tables(p, q):
+    """(p, q) as float arrays (V, V), rows laws, 1 ≤ V ≤ MAX_TABLE; else ValueError naming one."""
+    tables = []
+    for name, table in (("p", p), ("q", q)):
+        table = np.asarray(table, dtype=float)
+        if table.ndim != 2 or table.shape[0] != table.shape[1] or not 0 < len(table) <= MAX_TABLE:
+            raise ValueError(f"{name} must be a square table (V, V), 1 <= V <= {MAX_TABLE}")
+        if not np.all(np.isfinite(table)) or np.any(table < 0):
+            raise ValueError(f"{name} must hold finite non-negative probabilities")
+        if np.abs(table.sum(axis=1) - 1).max() > 1e-9:
+            raise ValueError(f"each row of {name} must sum to 1")
+        tables.append(table)
+    if tables[0].shape != tables[1].shape:
+        raise ValueError("p and q must have one shape")
+    return tables
+
+
+def alpha_of(p, q):
+    """α = Σ_ctx π_p(ctx)·Σ_x min(p(x | ctx), q(x | ctx)) for bigram tables (V, V)."""
+    p, q = _check_tables(p, q)
+    return float(_stationary(p) @ np.minimum(p, q).sum(axis=1))
+
+
+UNIFORM_DRAFT = np.full((V, V), 1 / V)  # q(x | ctx) = 1/18: no knowledge at all
+
+
+def unsmoothed_models():
+    """(bigram, unigram as a table), both (18, 18), from the raw counts without add-one."""
+    bigram = BIGRAM_COUNTS[1:] - 1  # every token is followed by something in the corpus
+    unigram = UNIGRAM_COUNTS - 1
+    return bigram / bigram.sum(axis=1, keepdims=True), np.tile(unigram / unigram.sum(), (V, 1))
+
+
+REGIME_TOKENS = ["a", "b", "X", "Y"]  # a, b: the easy regime; X, Y: the hard one
+
+
+def regime_models(stay=0.9, slip=0.05):
+    """(p, q), (4, 4): a sticky target (regime kept w.p. stay); q swaps its hard rows.
+
+    Easy regime: the draft is the target (β = 1). Hard regime: the draft predicts
+    the wrong hard token (β = 1 − stay + 2·slip).
+    """
+    _check_unit_interval(stay, "stay")
+    if not 0 <= slip <= stay / 2:
+        raise ValueError(f"slip must be a number in [0, stay/2], got {slip!r}")
+    leave = (1 - stay) / 2
+    easy = [stay / 2, stay / 2, leave, leave]
+    hard_x = [leave, leave, stay - slip, slip]
+    hard_y = [leave, leave, slip, stay - slip]
+    p = np.array([easy, easy, hard_x, hard_y])
+    return p, p[[0, 1, 3, 2]]
+
+
+def alpha_estimate(p, q, n_chains, n_tokens, rng):
+    """(mean, s.e.) of β over contexts the target p generates, chains started from π_p.
+
+    Unbiased for α: every visited context has law π_p. The s.e. is the spread of
+    the n_chains chain means, so correlation along a chain is accounted for.
+    Limits: 2 ≤ n_chains, 1 ≤ n_tokens, n_chains·n_tokens ≤ 1e8; tables up to MAX_TABLE.
+    """
+    p, q = _check_tables(p, q)
+    _check_count(n_tokens, "n_tokens")
+    _check_rng(rng)
+    if isinstance(n_chains, bool) or not isinstance(n_chains, Integral) or n_chains < 2:
+        raise ValueError(f"n_chains must be an integer >= 2, got {n_chains!r}")
+    if n_tokens < 1 or n_chains * n_tokens > 10**8:
+        raise ValueError("n_tokens must be >= 1 and n_chains·n_tokens at most 1e8")
+    beta = np.minimum(p, q).sum(axis=1)  # (V,)
+    cumulative = np.cumsum(p, axis=1)  # (V, V)
+    last = len(p) - 1  # the clips guard against a cumulative sum rounded below 1
+    start = np.searchsorted(np.cumsum(_stationary(p)), rng.random(n_chains))
+    ctx = np.minimum(start, last)  # (n_chains,) contexts drawn from π_p
+    total = np.zeros(n_chains)
+    for _ in range(n_tokens):
+        total += beta[ctx]
+        u = rng.random(n_chains)[:, None]  # (n_chains, 1)
+        ctx = np.minimum((u > cumulative[ctx]).sum(axis=1), last)  # next contexts
+    means = total / n_tokens
+    return float(means.mean()), float(means.std(ddof=1) / np.sqrt(n_chains))
+
+
+def oracle_tokens(alpha):
+    """Leviathan et al. §3.5: with an oracle for γ, E[tokens/step] = 1/(1 − α) (i.i.d. β)."""
+    _check_unit_interval(alpha, "alpha")
+    if alpha == 1:
+        raise ValueError("alpha must be below 1 for the oracle's 1/(1 − alpha)")
+    return 1 / (1 - alpha)
+
+
+def oracle_speedup(alpha, c):
+    """With the oracle, α/(1 − α) drafts per step on average: 1 / (1 − α + cα)."""
+    _check_nonnegative(c, "c")
+    return oracle_tokens(alpha) / (c * alpha * oracle_tokens(alpha) + 1)
+
+
+def implied_cost(alpha, gamma, speedup):
+    """The c at which Theorem 3.8 gives `speedup`: (E[tokens]/speedup − 1)/γ."""
+    _check_nonnegative(speedup, "speedup")
+    if gamma < 1 or speedup == 0:
+        raise ValueError("gamma must be >= 1 and speedup > 0")
+    return (expected_tokens(alpha, gamma) / speedup - 1) / gamma
 
 
 # --------------------------------------------------------------------------------------------
@@ -1485,7 +1689,15 @@ def audit_verifier(verify_fn, seed=0):
 # --------------------------------------------------------------------------------------------
 
 N_DRAWS = 200_000
-SEEDS = {"sampling": 11, "one_token": 12, "joint": 13, "sweep": 14, "noise": 15}
+SEEDS = {
+    "sampling": 11,
+    "one_token": 12,
+    "joint": 13,
+    "sweep": 14,
+    "noise": 15,
+    "literal": 17,
+    "trace": 18,
+}
 SWEEP_WEIGHTS = [round(0.1 * i, 1) for i in range(11)]
 SWEEP_CHAINS = 200  # independent chains per weight in the sweep
 
@@ -1585,6 +1797,13 @@ TABLE1 = {
     (0.9, 10): (1.60, 6.86),
 }
 
+# Leviathan et al. Table 2 (T5-XXL, T5-small draft): (task, temperature, gamma, alpha, speedup).
+TABLE2 = [
+    ("EnDe", 0, 7, 0.75, 3.4),
+    ("EnDe", 1, 7, 0.62, 2.6),
+    ("CNNDM", 0, 5, 0.65, 3.1),
+]
+
 # Speedups other systems report for themselves (each cited in chapter 5): (system, draft, claim).
 REPORTED_SYSTEMS = [
     ("Leviathan et al. (T5-XXL)", "smaller T5 checkpoint", "2×–3× walltime, identical outputs"),
@@ -1650,13 +1869,15 @@ def _use_retina_png():
         set_matplotlib_formats("retina")
 
 
-def _new_figure(ncols=1, nrows=1, **kwargs):
-    """A figure in the book's style."""
-    import matplotlib.pyplot as plt
+def _new_figure(ncols=1, nrows=1, figsize=None, **kwargs):
+    """A figure in the book's style, kept out of pyplot: it shows only where it is displayed."""
+    import matplotlib as mpl
+    from matplotlib.figure import Figure
 
-    plt.rcParams.update(BOOK_STYLE)
+    mpl.rcParams.update(BOOK_STYLE)
     _use_retina_png()
-    return plt.subplots(nrows, ncols, **kwargs)
+    fig = Figure(figsize=figsize)  # not registered with pyplot, so a folded cell shows no copy
+    return fig, fig.subplots(nrows, ncols, **kwargs)
 
 
 def _token_axis(ax, labels=VOCAB, axis="x"):
@@ -1671,59 +1892,93 @@ def _legend_on_top(ax, ncol=2):
     ax.legend(ncol=ncol, loc="upper right")
 
 
-def plot_target_heatmap():
-    """Heatmap of the 19 × 18 target probabilities p(x | ctx)."""
-    fig, ax = _new_figure(figsize=(7.5, 6.4))
+def plot_target_heatmap(label_above=0.15):
+    """Heatmap of the 19 × 18 target probabilities p(x | ctx); cells ≥ label_above carry values."""
+    fig, ax = _new_figure(figsize=(6.4, 6.4))
     image = ax.imshow(P_MATRIX, cmap="viridis")
     for (i, j), prob in np.ndenumerate(P_MATRIX):
-        ax.text(
-            j,
-            i,
-            f"{prob:.2f}"[1:],
-            ha="center",
-            va="center",
-            fontsize=6.5,
-            color="white" if prob < 0.5 * P_MATRIX.max() else "black",
-        )
+        if prob >= label_above:
+            ax.text(j, i, f"{prob:.2f}"[1:], ha="center", va="center", fontsize=10)
     _token_axis(ax)
     _token_axis(ax, CONTEXTS, axis="y")
     ax.grid(False)
-    ax.set(xlabel="next token x", ylabel="previous token (context)", title="Target p(x | context)")
-    fig.colorbar(image, ax=ax, shrink=0.8, label="probability")
+    ax.set(xlabel="next token x", ylabel="context (previous token)", title="Target p(x | context)")
+    fig.colorbar(image, ax=ax, shrink=0.7, label="probability")
     return fig
 
 
 def plot_draft_mixture(ctx="t", weights=(0.0, 0.3, 0.7, 1.0)):
-    """Bars of q_w(· | ctx) for several w, from the unigram (w = 0) to the target (w = 1)."""
+    """Markers of q_w(· | ctx) for several w, from the unigram (w = 0) to the target (w = 1)."""
     fig, ax = _new_figure()
-    x, width = np.arange(V), 0.8 / len(weights)
-    for i, w in enumerate(weights):
+    x, shift = np.arange(V), 0.6 / len(weights)
+    for i, (w, marker) in enumerate(zip(weights, "os^D")):
         label = f"w = {w:g}" + {0.0: " (unigram q0)", 1.0: " (target p)"}.get(w, "")
-        ax.bar(
-            x + (i - (len(weights) - 1) / 2) * width,
+        ax.plot(
+            x + (i - (len(weights) - 1) / 2) * shift,
             draft_matrix(w)[CONTEXT_INDEX[ctx]],
-            width,
+            marker,
+            markersize=6,
             label=label,
         )
     _token_axis(ax)
     ax.set(
         xlabel="token x",
         ylabel=f"q_w(x | {show_token(ctx)})",
-        title=f"The draft after context '{show_token(ctx)}' as w moves from 0 to 1",
+        title=f"The draft after '{show_token(ctx)}' as w moves from 0 to 1",
     )
     _legend_on_top(ax)
     return fig
 
 
-def plot_comparison(comparison, title):
-    """Empirical frequencies as bars, exact probabilities as markers."""
+def plot_residuals(comparison, title):
+    """Frequency − exact probability per outcome (×1000), with the ±2σ band, σ = √(p(1 − p)/n)."""
     fig, ax = _new_figure()
     x = np.arange(len(comparison.labels))
-    ax.bar(x, comparison.empirical, color=OKABE_ITO[5], label=f"empirical ({comparison.n:,} draws)")
-    ax.plot(x, comparison.exact, "D", color=OKABE_ITO[3], markersize=5, label="exact p")
+    gap, band = 1000 * (comparison.empirical - comparison.exact), 2000 * comparison.sigma
+    ax.fill_between(x, -band, band, step="mid", color="grey", alpha=0.25, label="±2σ band")
+    ax.axhline(0, color="black", linewidth=0.8)
+    inside = np.abs(gap) <= band
+    ax.plot(x[inside], gap[inside], "o", color=OKABE_ITO[0], label="inside the band")
+    ax.plot(x[~inside], gap[~inside], "X", color=OKABE_ITO[3], markersize=9, label="outside")
     ax.set_xticks(x, [show_token(s) for s in comparison.labels])
-    ax.set(xlabel="token x", ylabel="probability", title=title)
-    ax.legend()
+    ax.set(xlabel="token x", ylabel="(frequency − p) × 1000", title=title)
+    _legend_on_top(ax, ncol=3)
+    return fig
+
+
+STEP_STYLE = {  # the colours of Leviathan et al.'s illustration, and a hatch for each kind
+    "accepted": {"facecolor": OKABE_ITO[2], "hatch": ""},
+    "rejected": {"facecolor": OKABE_ITO[3], "hatch": "xx"},
+    "resampled": {"facecolor": OKABE_ITO[0], "hatch": ".."},
+    "bonus": {"facecolor": OKABE_ITO[5], "hatch": "//"},
+    "not tested": {"facecolor": "white", "hatch": "", "linestyle": "--"},
+}
+
+
+def plot_step_trace(steps):
+    """Each step of a run as a row of boxes: accepted, rejected, resampled, bonus, not tested."""
+    from matplotlib.patches import Patch, Rectangle
+
+    fig, ax = _new_figure(figsize=(6.4, 0.65 * len(steps) + 1.9))
+    for row, step in enumerate(steps):
+        for col, (token, kind) in enumerate(step.boxes):
+            style = STEP_STYLE[kind]
+            ax.add_patch(Rectangle((col + 0.05, row - 0.4), 0.9, 0.8, edgecolor="black", **style))
+            ax.text(
+                col + 0.5, row, show_token(token), ha="center", va="center", fontsize=15,
+                color="grey" if kind == "not tested" else "black",
+                bbox={"boxstyle": "round,pad=0.15", "facecolor": "white", "linewidth": 0},
+            )  # fmt: skip
+    width = max(len(step.boxes) for step in steps)
+    ax.set(xlim=(0, width), ylim=(len(steps) - 0.5, -0.5))
+    ax.set_xticks([])
+    ax.set_yticks(range(len(steps)), [f"{i + 1}" for i in range(len(steps))])
+    ax.grid(False)
+    ax.spines[["left", "bottom"]].set_visible(False)
+    ax.set(xlabel="the step's tokens, left to right", ylabel="step")
+    ax.set_title(f"{len(steps)} speculative steps, γ = {len(steps[0].draft)}")
+    handles = [Patch(edgecolor="black", label=kind, **style) for kind, style in STEP_STYLE.items()]
+    ax.legend(handles=handles, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.08))
     return fig
 
 
@@ -1733,10 +1988,10 @@ def plot_two_paths(ctx="t", w=0.3):
     kept, moved = np.minimum(p, q), _residual_weights(p, q)
     fig, ax = _new_figure()
     x = np.arange(V)
-    ax.bar(x, kept, color=OKABE_ITO[0], label="min(p, q): drafted and kept")
-    ax.bar(x, moved, bottom=kept, color=OKABE_ITO[1], label="max(0, p − q): via the residual")
-    ax.plot(x, p, "_", color="black", markersize=16, markeredgewidth=2, label="p (target)")
-    ax.plot(x, q, "o", color=OKABE_ITO[4], markersize=4, label="q (draft)")
+    ax.bar(x, kept, color=OKABE_ITO[0], label="min(p, q): drafted, kept")
+    ax.bar(x, moved, bottom=kept, color=OKABE_ITO[1], hatch="//", label="max(0, p − q): residual")
+    ax.plot(x, p, "_", color="black", markersize=14, markeredgewidth=2.5, label="p (target)")
+    ax.plot(x, q, "o", color=OKABE_ITO[4], markersize=5, label="q (draft)")
     _token_axis(ax)
     ax.set(
         xlabel="token x",
@@ -1747,84 +2002,140 @@ def plot_two_paths(ctx="t", w=0.3):
     return fig
 
 
-def plot_joint_difference(comparison):
-    """Heatmap of empirical minus exact over the 18 × 18 two-token outcomes."""
-    diff = (comparison.empirical - comparison.exact).reshape(V, V)
-    limit = np.abs(diff).max()
-    fig, ax = _new_figure(figsize=(6.4, 5.4))
-    image = ax.imshow(diff, cmap="RdBu_r", vmin=-limit, vmax=limit)
+def plot_joint_difference(comparison, limit=4):
+    """Heatmap of (count − n·p)/√(n·p) over the 18 × 18 two-token outcomes after BOS."""
+    z = comparison.pearson_residuals.reshape(V, V)
+    fig, ax = _new_figure(figsize=(6.4, 5.6))
+    image = ax.imshow(z, cmap="RdBu_r", vmin=-limit, vmax=limit)
     _token_axis(ax)
     _token_axis(ax, axis="y")
     ax.grid(False)
     ax.set(
         xlabel="second token x₂",
         ylabel="first token x₁",
-        title="Empirical − exact joint, first two tokens from BOS",
+        title=f"Standardised residuals, first two tokens after {BOS}",
     )
-    fig.colorbar(image, ax=ax, shrink=0.8, label="difference in probability")
+    fig.colorbar(image, ax=ax, shrink=0.8, label="(count − n·p) / √(n·p)")
     return fig
 
 
 def plot_controls(rows, noise_q95):
-    """Total variation of each verifier's 200,000-draw sample, against the 95 % noise level."""
+    """Total variation of each verifier's 200,000-draw sample on a log axis, against noise."""
     fig, ax = _new_figure()
     names = [r["verifier"] for r in rows]
     tvs = [r["sampled TV"] for r in rows]
-    colours = [OKABE_ITO[2] if r["passes"] else OKABE_ITO[3] for r in rows]
-    ax.barh(names, tvs, color=colours)
-    ax.axvline(
-        noise_q95, color="black", linestyle="--", label="95th percentile of TV from noise alone"
-    )
+    for name, tv, row in zip(names, tvs, rows):
+        passes = row["passes"]
+        ax.barh(
+            name,
+            tv,
+            color=OKABE_ITO[2] if passes else OKABE_ITO[3],
+            hatch="" if passes else "xx",
+            label="passes the test" if passes else "fails the test",
+        )
+    ax.axvline(noise_q95, color="black", linestyle="--", label="95 % of noise-only TVs")
+    ax.set_xscale("log")
+    ticks = [0.01, 0.02, 0.05, 0.1, 0.2]
+    ax.set_xticks(ticks, [f"{t:g}" for t in ticks], minor=False)
+    ax.set_xticks([], minor=True)
+    ax.set_xlim(0.01, 0.4)
     ax.invert_yaxis()
     ax.set(
-        xlabel="total variation to the target joint",
+        xlabel="total variation to the target joint (log scale)",
         ylabel="verifier",
-        title="The same test on the correct rule and on four broken ones",
+        title="The same test on the correct rule and four broken ones",
     )
-    ax.legend(loc="lower right")
+    handles, labels = ax.get_legend_handles_labels()
+    unique = dict(zip(labels, handles))
+    ax.legend(unique.values(), unique.keys(), loc="upper center", bbox_to_anchor=(0.4, -0.2))
     return fig
 
 
-def plot_alpha_vs_w(sweep):
-    """Exact α(w) as a line, measured accepted-per-test as markers."""
+DASHES = ["-", "--", "-.", ":", (0, (6, 2, 1, 2, 1, 2)), (0, (3, 1))]
+MARKERS = ["o", "s", "^", "D", "v", "P", "X"]
+
+
+def _series(i, n_points=None):
+    """Style of the i-th line: colour, dash and marker, so lines differ without colour."""
+    style = {"color": OKABE_ITO[i % 7], "linestyle": DASHES[i % 6], "marker": MARKERS[i % 7]}
+    if n_points:  # a marker every sixth of the line, staggered so markers do not pile up
+        step = max(1, n_points // 6)
+        style["markevery"] = ((i * step) // 7 % step, step)
+    return style
+
+
+def sweep_standard_errors(run, w, gamma):
+    """(s.e. of accepted/test, s.e. of tokens/step) at w; tests and steps as i.i.d.
+
+    Tests: √(α(1 − α)/tests). Steps: s.d. of Eq. (1)'s capped geometric / √steps.
+    """
+    alpha = alpha_exact(w)
+    counts = np.arange(1, gamma + 2)  # 1 .. γ + 1 tokens per step
+    probs = np.append(alpha ** np.arange(gamma) * (1 - alpha), alpha**gamma)  # (γ + 1,)
+    sd = np.sqrt(max(probs @ counts**2 - (probs @ counts) ** 2, 0.0))
+    se_rate = np.sqrt(alpha * (1 - alpha) / run.tests)
+    return float(se_rate), float(sd / np.sqrt(run.steps))
+
+
+def plot_sweep_residuals(sweep, gamma=4):
+    """Measured − exact chain value over the sweep, in standard errors, with the ±2 band."""
     fig, ax = _new_figure()
-    grid = np.linspace(0, 1, 101)
-    ax.plot(grid, [alpha_exact(w) for w in grid], color=OKABE_ITO[0], label="exact α(w)")
-    ax.plot(
-        list(sweep),
-        [t.acceptance_rate for t in sweep.values()],
-        "o",
-        color=OKABE_ITO[3],
-        label="measured: accepted / ratio tests",
-    )
+    weights = [w for w in sweep if w < 1]  # at w = 1 every test passes: no noise to scale by
+    z_rate, z_tokens = [], []
+    for w in weights:
+        run, chain = sweep[w], chain_stats(w, gamma)
+        se_rate, se_tokens = sweep_standard_errors(run, w, gamma)
+        z_rate.append((run.acceptance_rate - chain.acceptance_rate) / se_rate)
+        z_tokens.append((run.tokens_per_step - chain.tokens_per_step) / se_tokens)
+    ax.axhspan(-2, 2, color="grey", alpha=0.15, label="±2 standard errors (95 %)")
+    ax.axhline(0, color="black", linewidth=0.8)
+    ax.plot(weights, z_rate, "o", color=OKABE_ITO[0], label="accepted / test")
+    ax.plot(weights, z_tokens, "s", color=OKABE_ITO[3], mfc="none", label="tokens / step")
     ax.set(
-        xlabel="draft weight w", ylabel="acceptance rate α", title="Acceptance against draft weight"
+        ylim=(-4, 5.5),
+        xlabel="draft weight w",
+        ylabel="(measured − exact) / s.e.",
+        title="Sweep against the exact chain, in standard errors",
     )
-    ax.legend()
+    ax.legend(ncol=2, loc="upper center")
     return fig
 
 
 def plot_tokens_vs_w(sweep, gamma=4, gammas=(1, 2, 3, 4, 6, 8)):
-    """Eq. (1) with exact α(w) for several γ as lines; the measured γ sweep as markers."""
-    fig, ax = _new_figure()
+    """Eq. (1) with exact α(w) for several γ as lines; the measured γ sweep as crosses."""
+    fig, ax = _new_figure(figsize=(6.4, 4.6))
     grid = np.linspace(0, 1, 101)
     alphas = [alpha_exact(w) for w in grid]
-    for g in gammas:
-        ax.plot(grid, [expected_tokens(a, g) for a in alphas], label=f"γ = {g}")
+    for i, g in enumerate(gammas):
+        tokens = [expected_tokens(a, g) for a in alphas]
+        ax.plot(grid, tokens, label=f"γ = {g}", markersize=5, **_series(i, len(grid)))
     ax.plot(
         list(sweep),
         [t.tokens_per_step for t in sweep.values()],
-        "o",
+        "x",
         color="black",
-        markersize=5,
+        markersize=9,
+        markeredgewidth=2,
         label=f"measured, γ = {gamma}",
     )
-    ax.set(
-        xlabel="draft weight w",
-        ylabel="tokens per target call",
-        title="Tokens per target call against draft weight (Eq. 1)",
-    )
-    ax.legend(ncol=2)
+    ax.set(xlabel="draft weight w", ylabel="tokens per target call", title="Tokens per call")
+    _legend_on_top(ax, ncol=3)
+    return fig
+
+
+def plot_regime_tokens(max_gamma=8, stay=0.9):
+    """The regime target: Eq. (1) with the exact α against the exact chain, for γ = 1..max."""
+    p, q = regime_models(stay=stay)
+    alpha = alpha_of(p, q)
+    gammas = np.arange(1, max_gamma + 1)
+    chain = [markov_chain_stats(p, q, int(g)) for g in gammas]
+    fig, ax = _new_figure()
+    ax.plot(gammas, [expected_tokens(alpha, int(g)) for g in gammas], label="Eq. (1) with α",
+            **_series(1))
+    ax.plot(gammas, [c.tokens_per_step for c in chain], label="exact chain", **_series(0))
+    ax.set(xlabel="draft tokens per step γ", ylabel="tokens per target call",
+           title=f"Sticky regimes (stay = {stay:g}): α = {alpha:.2f}")
+    ax.legend()
     return fig
 
 
@@ -1832,174 +2143,161 @@ def plot_tokens_vs_gamma(weights=(0.0, 0.5, 0.9, 1.0), max_gamma=10):
     """Eq. (1) against γ for several draft weights."""
     fig, ax = _new_figure()
     gammas = np.arange(max_gamma + 1)
-    for w in weights:
+    for i, w in enumerate(weights):
         a = alpha_exact(w)
-        ax.plot(
-            gammas,
-            [expected_tokens(a, int(g)) for g in gammas],
-            "o-",
-            markersize=4,
-            label=f"w = {w:g} (α = {a:.3f})",
-        )
-    ax.set(
-        xlabel="draft tokens per step γ",
-        ylabel="tokens per target call",
-        title="More drafts help only as far as the draft agrees",
-    )
+        tokens = [expected_tokens(a, int(g)) for g in gammas]
+        ax.plot(gammas, tokens, markersize=5, label=f"w = {w:g} (α = {a:.3f})", **_series(i))
+    ax.set(xlabel="draft tokens per step γ", ylabel="tokens per target call", title="Against γ")
     ax.legend()
     return fig
 
 
 def plot_expected_tokens_vs_alpha(gammas=(1, 2, 3, 5, 7, 10)):
     """Leviathan et al.'s Figure 2: Eq. (1) against α for several γ; this toy's α range shaded."""
-    fig, ax = _new_figure()
+    fig, ax = _new_figure(figsize=(6.4, 4.6))
     grid = np.linspace(0, 1, 201)
-    for g in gammas:
-        ax.plot(grid, [expected_tokens(a, g) for a in grid], label=f"γ = {g}")
-    ax.axvspan(alpha_exact(0), 1, color="grey", alpha=0.15, label="this toy: α(0) to α(1)")
-    ax.set(
-        xlabel="α",
-        ylabel="expected tokens per step",
-        title="Expected tokens per step against α (after Leviathan et al., Fig. 2)",
-    )
-    ax.legend(ncol=2)
+    for i, g in enumerate(gammas):
+        tokens = [expected_tokens(a, g) for a in grid]
+        ax.plot(grid, tokens, label=f"γ = {g}", markersize=5, **_series(i, len(grid)))
+    ax.axvspan(alpha_exact(0), 1, color="grey", alpha=0.15, label="this toy")
+    ax.set(xlabel="α", ylabel="expected tokens per step", title="After Leviathan et al., Fig. 2")
+    _legend_on_top(ax, ncol=3)
     return fig
 
 
 def plot_speedup_vs_w(sweep, gamma=4, costs=(0.0, 0.05, 0.1, 0.25, 0.5)):
-    """Theorem 3.8 against w for several c: exact α(w) lines, measured markers."""
-    fig, ax = _new_figure()
+    """Theorem 3.8 against w for several c: exact α(w) as dashed lines, measured as markers."""
+    fig, ax = _new_figure(figsize=(6.4, 4.6))
     grid = np.linspace(0, 1, 101)
     alphas = [alpha_exact(w) for w in grid]
     for i, c in enumerate(costs):
-        colour = OKABE_ITO[i]
-        ax.plot(
-            grid, [walltime_speedup(a, gamma, c) for a in alphas], color=colour, label=f"c = {c:g}"
-        )
+        style = _series(i)
+        ax.plot(grid, [walltime_speedup(a, gamma, c) for a in alphas],
+                color=style["color"], linestyle=style["linestyle"], label=f"c = {c:g}")
         ax.plot(
             list(sweep),
             [t.tokens_per_step / (gamma * c + 1) for t in sweep.values()],
-            "o",
-            color=colour,
-            markersize=4,
+            linestyle="none",
+            color=style["color"],
+            marker=style["marker"],
+            markersize=5,
         )
     ax.axhline(1, color="black", linewidth=0.8)
-    ax.set(
-        xlabel="draft weight w",
-        ylabel="projected walltime speedup",
-        title=f"Projected speedup, γ = {gamma} (Theorem 3.8; markers from measured tokens)",
-    )
-    ax.legend(ncol=3)
+    ax.set(xlabel="draft weight w", ylabel="projected speedup", title=f"Speedup, γ = {gamma}")
+    _legend_on_top(ax, ncol=3)
     return fig
 
 
-def plot_speedup_heatmap(max_gamma=30):
-    """Best speedup over γ on an (α, c) grid, with Corollary 3.9's boundary α = c."""
+def plot_speedup_heatmap(max_gamma=30, max_cost=0.3):
+    """Best speedup over γ on an (α, c) grid; the no-gain region α ≤ c (Corollary 3.9) in grey."""
+    from matplotlib import patheffects
     from matplotlib.colors import LogNorm
 
-    alphas, costs = np.linspace(0, 0.99, 100), np.linspace(0, 1, 101)
+    alphas, costs = np.linspace(0, 0.99, 199), np.linspace(0, max_cost, 121)
     gammas = np.arange(max_gamma + 1)
     tokens = np.cumsum(alphas[None, :] ** gammas[:, None], axis=0)  # (G, A): Eq. (1), sum form
     best = (tokens[None] / (gammas[None, :, None] * costs[:, None, None] + 1)).max(axis=1)  # (C, A)
-    fig, ax = _new_figure(figsize=(7.5, 4.8))
-    image = ax.pcolormesh(
-        alphas, costs, best, cmap="magma_r", shading="auto", norm=LogNorm(vmin=1, vmax=best.max())
-    )
-    levels = ax.contour(
-        alphas, costs, best, levels=[1.25, 1.5, 2, 3, 5, 10], colors="white", linewidths=0.8
-    )
-    ax.clabel(levels, fmt="%g×", fontsize=8)
-    ax.plot([0, 0.99], [0, 0.99], "--", color=OKABE_ITO[5], label="α = c (Corollary 3.9)")
-    ax.set(
-        xlabel="α",
-        ylabel="cost ratio c",
-        title="Best projected speedup over γ ≤ 30 (palest: 1×, no gain)",
-    )
+    fig, ax = _new_figure(figsize=(6.4, 4.8))
+    ax.set_facecolor("0.82")  # where the speedup is 1 the mesh is masked: grey shows through
+    gain = np.ma.masked_where(best <= 1 + 1e-9, best)
+    image = ax.pcolormesh(alphas, costs, gain, cmap="YlGnBu", shading="auto", norm=LogNorm(1, 30))
+    halo = [patheffects.withStroke(linewidth=3, foreground="white")]
+    levels = ax.contour(alphas, costs, best, levels=[1.25, 1.5, 2, 3, 5, 10], colors="black",
+                        linewidths=1)
+    for text in ax.clabel(levels, fmt="%g×", fontsize=11):
+        text.set_path_effects(halo)
+    ax.plot([0, max_cost], [0, max_cost], "--", color="black", linewidth=1.5)
+    ax.text(0.03, 0.8 * max_cost, "α ≤ c:\nno γ helps", fontsize=12)
+    ax.set(xlabel="α", ylabel="cost ratio c", title="Best projected speedup over γ ≤ 30")
     ax.grid(False)
-    ax.legend(loc="upper left")
-    fig.colorbar(image, ax=ax, label="speedup (log scale)")
+    bar = fig.colorbar(image, ax=ax, ticks=[1, 1.5, 2, 3, 5, 10, 20, 30])
+    bar.ax.set_yticklabels(["1×", "1.5×", "2×", "3×", "5×", "10×", "20×", "30×"])
+    bar.set_label("best speedup (log scale)")
     return fig
 
 
 def plot_optimal_gamma(costs=(0.01, 0.02, 0.05, 0.1, 0.2, 0.5)):
     """Leviathan et al.'s Figure 3: the optimal γ against α for several c."""
-    fig, ax = _new_figure()
+    fig, ax = _new_figure(figsize=(6.4, 4.6))
     grid = np.linspace(0, 0.99, 199)
-    for c in costs:
-        ax.step(grid, [optimal_gamma(a, c) for a in grid], where="post", label=f"c = {c:g}")
-    ax.set(
-        xlabel="α",
-        ylabel="optimal γ",
-        title="Optimal γ, searched up to 30 (after Leviathan et al., Fig. 3)",
-    )
-    ax.legend(ncol=2)
+    for i, c in enumerate(costs):
+        style = _series(i, len(grid))
+        ax.step(grid, [optimal_gamma(a, c) for a in grid], where="post", label=f"c = {c:g}",
+                markersize=5, **style)
+    ax.set(xlabel="α", ylabel="optimal γ", title="Optimal γ (after Leviathan et al., Fig. 3)")
+    _legend_on_top(ax, ncol=3)
     return fig
 
 
-def plot_speedup_and_operations(gammas=(1, 2, 3, 5, 7, 10), c=0.0, c_hat=0.0):
-    """Leviathan et al.'s Figure 4: speedup and increase in operations against α, for several γ."""
-    fig, (left, right) = _new_figure(2, figsize=(9, 3.6))
+def plot_operations_increase(gammas=(1, 2, 3, 5, 7, 10), c_hat=0.0):
+    """Leviathan et al.'s Figure 4, right half: the increase in operations against α."""
+    fig, ax = _new_figure(figsize=(6.4, 4.6))
     grid = np.linspace(0, 0.99, 100)
-    for g in gammas:
-        left.plot(grid, [walltime_speedup(a, g, c) for a in grid], label=f"γ = {g}")
-        right.plot(grid, [operations_increase(a, g, c_hat) for a in grid], label=f"γ = {g}")
-    left.set(xlabel="α", ylabel="walltime speedup", title=f"Speedup (c = {c:g})")
-    right.set(xlabel="α", ylabel="increase in operations", title=f"Operations (ĉ = {c_hat:g})")
-    left.legend(ncol=2)
-    fig.suptitle("After Leviathan et al., Fig. 4", y=1.02)
+    for i, g in enumerate(gammas):
+        ops = [operations_increase(a, g, c_hat) for a in grid]
+        ax.plot(grid, ops, label=f"γ = {g}", markersize=5, **_series(i, len(grid)))
+    ax.set(
+        xlabel="α",
+        ylabel="increase in operations",
+        title=f"Arithmetic per token, ĉ = {c_hat:g} (after Fig. 4)",
+    )
+    _legend_on_top(ax, ncol=3)
     return fig
 
 
 def plot_real_pairs():
-    """Measured α of real draft/target pairs (Leviathan et al., Table 3) beside this toy's range."""
-    fig, ax = _new_figure(figsize=(7.5, 5.2))
-    labels = [f"{target} ← {draft}" for target, draft, _, _ in REAL_PAIR_ALPHAS]
+    """Measured α of real draft/target pairs (Leviathan et al., Table 3) beside the toy's."""
+    fig, ax = _new_figure(figsize=(6.4, 6.4))
+    short = {"GPT-like 97M": "GPT 97M", "T5-XXL EnDe": "EnDe", "T5-XXL CNNDM": "CNNDM"}
+    labels = [f"{short.get(target, target)} ← {draft}" for target, draft, _, _ in REAL_PAIR_ALPHAS]
     y = np.arange(len(labels))
-    ax.axvspan(alpha_exact(0), 1, color="grey", alpha=0.15, label="this toy: α(w), 0 ≤ w ≤ 1")
+    ax.axvspan(alpha_exact(0), 1, color="grey", alpha=0.15, label="this toy: α(w)")
+    ax.axvline(alpha_of(*unsmoothed_models()), color="black", linestyle=":", linewidth=1.5,
+               label="toy without smoothing, w = 0")
     ax.plot([r[2] for r in REAL_PAIR_ALPHAS], y, "o", color=OKABE_ITO[0], label="temperature 0")
-    ax.plot([r[3] for r in REAL_PAIR_ALPHAS], y, "s", color=OKABE_ITO[1], label="temperature 1")
-    ax.set_yticks(y, labels)
+    ax.plot([r[3] for r in REAL_PAIR_ALPHAS], y, "s", color=OKABE_ITO[3], markerfacecolor="none",
+            markeredgewidth=2, label="temperature 1")
+    ax.set_yticks(y, labels, fontsize=11)
     ax.invert_yaxis()
-    ax.set(
-        xlim=(0, 1),
-        xlabel="α",
-        ylabel="target ← draft",
-        title="Real pairs (Leviathan et al., Table 3) and this toy",
-    )
-    ax.legend(loc="lower left")
+    ax.set(xlim=(0, 1), xlabel="α", ylabel="target ← draft", title="Real pairs and this toy")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=2)
     return fig
 
 
 def plot_panel(w=0.9, gamma=4, c=0.1):
-    """What one setting of (w, γ, c) buys: tokens per call against γ, speedup against c."""
+    """Projected speedup against γ at one (w, c): the chosen γ, the best γ and §3.5's oracle."""
     alpha = alpha_exact(w)
-    fig, (left, right) = _new_figure(2, figsize=(9, 3.4))
-    gammas = np.arange(11)
-    left.plot(gammas, [expected_tokens(alpha, int(g)) for g in gammas], "o-", markersize=4)
-    left.plot([gamma], [expected_tokens(alpha, gamma)], "o", color=OKABE_ITO[3], markersize=9)
-    left.set(xlabel="γ", ylabel="tokens per target call", title=f"w = {w:g}: α = {alpha:.3f}")
-    costs = np.linspace(0, 1, 101)
-    right.plot(costs, [walltime_speedup(alpha, gamma, x) for x in costs])
-    right.plot([c], [walltime_speedup(alpha, gamma, c)], "o", color=OKABE_ITO[3], markersize=9)
-    right.axhline(1, color="black", linewidth=0.8)
-    right.set(
-        xlabel="cost ratio c",
+    fig, ax = _new_figure()
+    best = optimal_gamma(alpha, c)
+    gammas = np.arange(max(11, gamma + 1, best + 1))
+    speedups = [walltime_speedup(alpha, int(g), c) for g in gammas]
+    ax.plot(gammas, speedups, "o-", color=OKABE_ITO[0], markersize=5, label="Theorem 3.8")
+    chosen = {"color": OKABE_ITO[3], "markersize": 12, "label": f"γ = {gamma}"}
+    ax.plot([gamma], [speedups[gamma]], "o", **chosen)
+    ax.plot([best], [speedups[best]], "*", color="black", markersize=14, label=f"best γ = {best}")
+    if alpha < 1:
+        ax.axhline(oracle_speedup(alpha, c), color=OKABE_ITO[2], linestyle="--", label="oracle γ")
+    ax.axhline(1, color="black", linewidth=0.8)
+    ax.set(
+        xlabel="γ",
         ylabel="projected speedup",
-        title=f"γ = {gamma}, c = {c:g}: {walltime_speedup(alpha, gamma, c):.2f}×",
+        title=f"w = {w:g}, c = {c:g}: γ = {gamma} gives {speedups[gamma]:.2f}×",
     )
+    _legend_on_top(ax, ncol=2)
     return fig
 
 
 def widget_panel():
-    """Sliders for w, γ and c that redraw plot_panel (for a live kernel; needs ipywidgets)."""
+    """Sliders for w, γ and c that redraw plot_panel on release (live kernel; needs ipywidgets)."""
     import ipywidgets as widgets
     import matplotlib.pyplot as plt
     from IPython.display import display
 
+    on_release = {"continuous_update": False}  # one redraw per move, not one per tick
     sliders = {
-        "w": widgets.FloatSlider(value=0.9, min=0, max=1, step=0.05, description="w"),
-        "gamma": widgets.IntSlider(value=4, min=0, max=10, description="γ"),
-        "c": widgets.FloatSlider(value=0.1, min=0, max=1, step=0.01, description="c"),
+        "w": widgets.FloatSlider(value=0.9, min=0, max=1, step=0.05, description="w", **on_release),
+        "gamma": widgets.IntSlider(value=4, min=0, max=10, description="γ", **on_release),
+        "c": widgets.FloatSlider(value=0.1, min=0, max=1, step=0.01, description="c", **on_release),
     }
 
     def redraw(**values):
@@ -2043,12 +2341,15 @@ def plot_bug_power(rows):
 FIGURES = {
     "ch1-target-heatmap": plot_target_heatmap,
     "ch1-draft-mixture": plot_draft_mixture,
-    "ch1-sampling-check": lambda: plot_comparison(
+    "ch1-sampling-check": lambda: plot_residuals(
         sampling_check(), "200,000 draws after context 't'"
     ),
+    "ch2-step-trace": lambda: plot_step_trace(
+        trace_run(5, 4, 0.3, BOS, np.random.default_rng(SEEDS["trace"]))
+    ),
     "ch2-two-paths": plot_two_paths,
-    "ch2-one-token-check": lambda: plot_comparison(
-        one_token_check(), "First token of 200,000 γ = 1 steps after 't' (w = 0.3)"
+    "ch2-one-token-check": lambda: plot_residuals(
+        one_token_check(), "First token of 200,000 γ = 1 steps after 't'"
     ),
     "ch3-joint-difference": lambda: plot_joint_difference(joint_check()),
     "ch3-controls": lambda: plot_controls(
@@ -2057,14 +2358,15 @@ FIGURES = {
             "q95_tv"
         ],
     ),
-    "ch4-alpha-vs-w": lambda: plot_alpha_vs_w(acceptance_sweep()),
+    "ch4-sweep-residuals": lambda: plot_sweep_residuals(acceptance_sweep()),
     "ch4-tokens-vs-w": lambda: plot_tokens_vs_w(acceptance_sweep()),
     "ch4-tokens-vs-gamma": plot_tokens_vs_gamma,
+    "ch4-regime-tokens": plot_regime_tokens,
     "ch4-fig2-tokens-vs-alpha": plot_expected_tokens_vs_alpha,
     "ch5-speedup-vs-w": lambda: plot_speedup_vs_w(acceptance_sweep()),
     "ch5-speedup-heatmap": plot_speedup_heatmap,
     "ch5-fig3-optimal-gamma": plot_optimal_gamma,
-    "ch5-fig4-speedup-operations": plot_speedup_and_operations,
+    "ch5-fig4-operations": plot_operations_increase,
     "ch5-real-pairs": plot_real_pairs,
     "ch5-panel": plot_panel,
     "ch6-bug-power": lambda: plot_bug_power(bug_rows()),

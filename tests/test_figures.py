@@ -70,6 +70,7 @@ def test_the_live_panel_has_three_sliders_and_redraws():
     panel = sc.widget_panel()
     sliders, output = panel.children
     assert [s.description for s in sliders.children] == ["w", "γ", "c"]
+    assert not any(s.continuous_update for s in sliders.children)  # redraw on release only
     assert isinstance(output, ipywidgets.Output)
     sliders.children[0].value = 0.5  # moving a slider must not raise
     plt.close("all")
@@ -77,7 +78,7 @@ def test_the_live_panel_has_three_sliders_and_redraws():
 
 def test_the_panel_figure_reports_the_setting():
     figure = sc.plot_panel(w=1.0, gamma=4, c=0.0)
-    assert figure.axes[1].get_title() == "γ = 4, c = 0: 5.00×"
+    assert figure.axes[0].get_title() == "w = 1, c = 0: γ = 4 gives 5.00×"
     plt.close(figure)
 
 
