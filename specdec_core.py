@@ -2316,9 +2316,9 @@ def plot_bug_power(rows):
     rows = sorted(rows, key=lambda r: r["TV"])
     y = np.arange(len(rows))
     chi = np.array([r["caught by"] == "chi-square" for r in rows])
-    for ax, key, label in (
-        (top, "TV", "exact TV from p′ (three tokens)"),
-        (bottom, "draws to catch", "draws for 80 % power at level 1e-3"),
+    for ax, key, label, title in (
+        (top, "TV", "exact TV from p′ (three tokens)", "How far each bug moves the law"),
+        (bottom, "draws to catch", "draws for 80 % power at level 1e-3", "What a test needs"),
     ):
         values = np.array([r[key] for r in rows])
         ax.hlines(y, values.min() / 3, values, color="0.8", linewidth=1)
@@ -2331,7 +2331,8 @@ def plot_bug_power(rows):
             color=OKABE_ITO[3],
             label="caught by a forbidden outcome",
         )
-        ax.set(xscale="log", xlabel=label, yticks=y, yticklabels=[r["bug"] for r in rows])
+        ax.set(xscale="log", xlabel=label, ylabel="bug", title=title)
+        ax.set_yticks(y, [r["bug"] for r in rows])
     bottom.legend(loc="upper right")
     fig.tight_layout()
     return fig
