@@ -2,6 +2,8 @@
 # Everything runs inside .venv, created here from requirements.txt with the machine's python3.
 
 PYTHON ?= python3
+# The Python versions the pins in requirements.txt install on (README, "Two commands").
+SUPPORTED := 3.11 3.12 3.13
 VENV   := .venv
 BIN    := $(VENV)/bin
 SITE   := _build/html
@@ -18,10 +20,26 @@ export PYDEVD_DISABLE_FILE_VALIDATION := 1
 
 all: site
 
-$(BIN)/.installed: requirements.txt pyproject.toml
+# The interpreter's version, and that of the one in .venv (empty where there is none).
+VERSION_OF = $(shell $(1) -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null)
+PYTHON_VERSION := $(call VERSION_OF,$(PYTHON))
+VENV_VERSION := $(call VERSION_OF,$(BIN)/python)
+
+# A .venv made by another Python (or half made) is made anew.
+ifneq ($(VENV_VERSION),$(PYTHON_VERSION))
+.PHONY: $(BIN)/.installed
+endif
+
+$(BIN)/.installed: requirements.txt pyproject.toml scripts/ipython_kernel_config.py
+	@case " $(SUPPORTED) " in *" $(PYTHON_VERSION) "*) ;; *) \
+	  echo "make: $(PYTHON) is Python $(or $(PYTHON_VERSION),(not found)); this book needs" \
+	    "one of $(SUPPORTED): run make PYTHON=python3.12, say" >&2; exit 1;; esac
+	$(if $(filter $(PYTHON_VERSION),$(VENV_VERSION)),,rm -rf $(VENV))
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --disable-pip-version-check -r requirements.txt
 	$(BIN)/pip install --quiet --disable-pip-version-check --no-deps -e .
+	mkdir -p $(VENV)/etc/ipython
+	cp scripts/ipython_kernel_config.py $(VENV)/etc/ipython/
 	touch $@
 
 $(BIN)/.test-installed: $(BIN)/.installed requirements-test.txt
@@ -34,9 +52,10 @@ $(BIN)/.lab-installed: $(BIN)/.installed requirements-lab.txt
 	cp scripts/lab-overrides.json $(VENV)/share/jupyter/lab/settings/overrides.json
 	touch $@
 
-# The execution cache keys on a chapter's own code only: drop it whenever the core changes.
-_build/.core-stamp: specdec_core.py
-	rm -rf _build/.jupyter_cache
+# The execution cache keys on a chapter's own code only: drop it, and the pages and images made
+# from it, whenever the core or the installed packages change.
+_build/.core-stamp: specdec_core.py $(BIN)/.installed
+	rm -rf _build/.jupyter_cache _build/.doctrees _build/jupyter_execute $(SITE)
 	@mkdir -p $(@D)
 	touch $@
 
@@ -57,9 +76,9 @@ figures: $(BIN)/.installed
 ## make notebooks: .ipynb copies of the chapters in book/_notebooks (git-ignored)
 notebooks: $(NOTEBOOKS)
 
-book/_notebooks/%.ipynb: book/%.md $(BIN)/.installed
+book/_notebooks/%.ipynb: book/%.md $(BIN)/.installed scripts/export_notebook.py
 	@mkdir -p $(@D)
-	$(BIN)/jupytext --quiet --to ipynb --output $@ $<
+	$(BIN)/python scripts/export_notebook.py $< $@
 
 ## make lab: JupyterLab on the chapters; double-click a chapter to open it as a notebook
 lab: $(BIN)/.lab-installed

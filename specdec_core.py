@@ -13,6 +13,7 @@ the two agree. Exact results use `fractions.Fraction`, computed from the integer
 
 import functools
 import itertools
+import math
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -68,6 +69,16 @@ Q0_TABLE = dict(zip(VOCAB, Q0_VECTOR.tolist()))
 # Checking arguments: every bad input gets a ValueError that names the argument
 # --------------------------------------------------------------------------------------------
 
+# Size limits (README, "Limits"): past one, a call fails at once with a ValueError saying why.
+MAX_BYTES = 2**30  # working memory one call may allocate: 1 GiB
+MAX_LOOP = 10**6  # iterations of a literal loop, 5 to 15 µs each in make bench: seconds
+MAX_STEPS = 10**5  # iterations of a loop of array steps or of Theorem 3.8: tens of µs each
+MAX_GAMMA = 2**53  # past it γ + 1 is not exact as a float: Eq. (1) and Theorems 3.8, 3.11
+MAX_OUTCOMES = 10**6  # outcomes an exact law may list (a dict entry each)
+MAX_DRAWS = 10**9  # tokens one Monte Carlo call may draw: about a minute at make bench speed
+DRAW_BYTES = 48  # peak working memory of sample_tokens per draw, measured
+STEP_BYTES = 64  # working memory of the toy engine per chain and draft position, measured
+
 
 def _check_context(ctx, name="ctx"):
     """Raise unless ctx is one of CONTEXTS."""
@@ -81,10 +92,46 @@ def _check_unit_interval(x, name):
         raise ValueError(f"{name} must be a number in [0, 1], got {x!r}")
 
 
-def _check_count(n, name):
-    """Raise unless n is a non-negative integer."""
+def _check_count(n, name, limit=None, why=""):
+    """Raise unless n is a non-negative integer, and at most limit (for the reason why) if given."""
     if isinstance(n, bool) or not isinstance(n, Integral) or n < 0:
         raise ValueError(f"{name} must be a non-negative integer, got {n!r}")
+    if limit is not None and n > limit:
+        raise ValueError(f"{name} must be at most {limit:,} ({why}), got {n:,}")
+
+
+def _check_positive_count(n, name, limit=None, why=""):
+    """Raise unless n is an integer >= 1, and at most limit (for the reason why) if given."""
+    _check_count(n, name, limit, why)
+    if n == 0:
+        raise ValueError(f"{name} must be at least 1, got 0")
+
+
+def _check_memory(n_bytes, what):
+    """Raise if a call would allocate more than MAX_BYTES of working memory for what."""
+    if n_bytes > MAX_BYTES:
+        raise ValueError(
+            f"{what} would need about {n_bytes / 2**30:,.1f} GiB of working memory, above the "
+            f"limit of {MAX_BYTES / 2**30:g} GiB (MAX_BYTES)"
+        )
+
+
+def _as_real_array(x, name):
+    """x as a float array of at least one dimension with finite entries, else a ValueError."""
+    try:
+        array = np.asarray(x)
+    except ValueError:  # a ragged nesting of lists
+        raise ValueError(f"{name} must be an array of real numbers") from None
+    real = array.dtype.kind in "iuf" or (  # integers, floats, or objects such as Fractions
+        array.dtype.kind == "O"
+        and all(isinstance(v, Real) and not isinstance(v, bool) for v in array.flat)
+    )
+    if not real:
+        raise ValueError(f"{name} must be an array of real numbers, got dtype {array.dtype}")
+    array = array.astype(float)
+    if array.ndim == 0 or not np.all(np.isfinite(array)):
+        raise ValueError(f"{name} must be a 1-D or larger array of finite numbers, got {x!r}")
+    return array
 
 
 def _check_nonnegative(x, name):
@@ -101,11 +148,67 @@ def _check_rng(rng):
 
 def _check_distribution(dist, name="dist"):
     """Raise unless dist maps tokens to non-negative probabilities that sum to 1."""
-    values = np.array(list(dist.values()), dtype=float) if isinstance(dist, dict) else None
+    numbers = isinstance(dist, dict) and all(
+        isinstance(v, Real) and not isinstance(v, bool) for v in dist.values()
+    )
+    values = np.array(list(dist.values()), dtype=float) if numbers else None
     if values is None or values.size == 0 or not np.all(np.isfinite(values)):
-        raise ValueError(f"{name} must be a non-empty dict of finite probabilities")
+        raise ValueError(f"{name} must be a non-empty dict of finite probabilities (real numbers)")
     if np.any(values < 0) or abs(values.sum() - 1) > 1e-9:
         raise ValueError(f"{name} must have non-negative probabilities summing to 1")
+
+
+def _check_table(table, name="table"):
+    """table as a float array (R, V) of rows that are probability laws, else a ValueError."""
+    table = _as_real_array(table, name)
+    if table.ndim != 2 or table.size == 0:
+        raise ValueError(f"{name} must be a non-empty 2-D array (rows, tokens), got {table.shape}")
+    _check_count(table.size, f"{name}.size", MAX_LOOP, "the alias tables are built in Python")
+    if np.any(table < 0) or np.any(np.abs(table.sum(axis=1) - 1) > 1e-9):
+        raise ValueError(f"{name} must have non-negative rows that each sum to 1 (tolerance 1e-9)")
+    return table
+
+
+def _check_rows(rows, models):
+    """Raise unless rows is a 1-D integer array of row numbers of models' tables."""
+    if not isinstance(models, ToyModels):
+        raise ValueError(f"models must be ToyModels (from toy_models), got {type(models).__name__}")
+    n_rows = models.draft.rows
+    if not isinstance(rows, np.ndarray) or rows.ndim != 1 or rows.dtype.kind not in "iu":
+        raise ValueError("rows must be a 1-D numpy array of integers")
+    if rows.size and (rows.min() < 0 or rows.max() >= n_rows):
+        raise ValueError(f"rows must lie in [0, {n_rows}), got {rows.min()}..{rows.max()}")
+
+
+def _check_weights(weights):
+    """Raise unless weights is a non-empty sequence of distinct draft weights (results key on w)."""
+    if isinstance(weights, (str, bytes)) or not hasattr(weights, "__len__") or not len(weights):
+        raise ValueError(f"weights must be a non-empty sequence of draft weights, got {weights!r}")
+    if len(set(weights)) != len(weights):
+        raise ValueError(f"weights must be distinct (results are keyed by w), got {list(weights)}")
+
+
+def _check_token_rows(tokens, law):
+    """(tokens as int64 (N, k), k) for rows of token ids whose length k is that of law's keys."""
+    if not isinstance(law, dict) or not law:
+        raise ValueError("law must be a non-empty dict {k-character string: probability}")
+    k = len(next(iter(law)))
+    if any(not isinstance(s, str) or len(s) != k or not set(s) <= set(TOKEN_INDEX) for s in law):
+        raise ValueError(f"law's keys must all be strings of {k} tokens from VOCAB")
+    _check_count(k, "k, the length of law's keys", 15, "a row is read as a base-18 int64")
+    probs = _as_real_array(list(law.values()), "law's probabilities")
+    if np.any(probs < 0) or abs(probs.sum() - 1) > 1e-9:
+        raise ValueError("law's probabilities must be non-negative and sum to 1")
+    tokens = np.asarray(tokens)
+    if tokens.ndim != 2 or tokens.shape[1] != k or tokens.dtype.kind not in "iu" or not tokens.size:
+        raise ValueError(
+            f"tokens must be a non-empty integer array (N, {k}), as law's keys have {k}"
+        )
+    if tokens.min() < 0 or tokens.max() >= V:
+        raise ValueError(
+            f"tokens must be token ids in [0, {V}), got {tokens.min()}..{tokens.max()}"
+        )
+    return tokens.astype(np.int64), k
 
 
 # --------------------------------------------------------------------------------------------
@@ -123,7 +226,7 @@ def q_dist(ctx, w):
     """The draft q_w(· | ctx) = w·p(· | ctx) + (1 − w)·q0 as {token: probability}."""
     _check_context(ctx)
     _check_unit_interval(w, "w")
-    p = P_TABLE[ctx]
+    p, w = P_TABLE[ctx], float(w)  # float64 even for a float32 or Fraction w
     return {tok: w * p[tok] + (1 - w) * Q0_TABLE[tok] for tok in VOCAB}
 
 
@@ -143,7 +246,7 @@ def sample_categorical(dist, rng):
 
 def autoregressive_sample(n_tokens, ctx, rng):
     """n_tokens drawn one at a time from the target chain p, starting after ctx."""
-    _check_count(n_tokens, "n_tokens")
+    _check_count(n_tokens, "n_tokens", MAX_LOOP, "one Python call per token; use sample_tokens")
     _check_context(ctx)
     _check_rng(rng)
     out = []
@@ -208,6 +311,7 @@ class StepTrace(NamedTuple):
 def trace_step(ctx, gamma, w, rng):
     """One step of Algorithm 1: draft gamma tokens, keep each w.p. min(1, p/q)."""
     _check_step_args(ctx, gamma, w)
+    _check_count(gamma, "gamma", MAX_LOOP, "one Python call per draft token")
     _check_rng(rng)
     draft, q_dists, c = [], [], ctx
     for _ in range(gamma):  # 1. draft gamma tokens, one at a time, from q
@@ -251,7 +355,7 @@ def trace_run(n_steps, gamma, w, ctx, rng):
 
 def speculative_generate(n_tokens, gamma, w, ctx, rng):
     """Chain steps from ctx until n_tokens are out; records (emitted, accepted, tests) per step."""
-    _check_count(n_tokens, "n_tokens")
+    _check_count(n_tokens, "n_tokens", MAX_LOOP, "one Python call per token")
     _check_step_args(ctx, gamma, w)
     _check_rng(rng)
     out, steps = [], []
@@ -473,6 +577,7 @@ def _verify(target_probs, draft_probs, draft_tokens, rng, rule):
 def draft_matrix(w):
     """q_w for every context, (19, 18): w·P + (1 − w)·q0."""
     _check_unit_interval(w, "w")
+    w = float(w)  # float64 tables even for a Fraction or float32 w
     return w * P_MATRIX + (1 - w) * Q0_VECTOR
 
 
@@ -495,6 +600,7 @@ class RowSampler:
     """O(1) draws from the rows of a fixed table (R, V) by the alias method, one uniform each."""
 
     def __init__(self, table):
+        table = _check_table(table)
         self.rows, self.vocab = table.shape
         keep, alias = zip(*map(_alias_table, table))
         self.threshold = np.concatenate(keep) + np.tile(
@@ -529,6 +635,15 @@ def toy_models(weights, rule=EXACT_RULE):
 
 def toy_step(rows, gamma, models, rng, rule=EXACT_RULE):
     """One step per chain at table row `rows` (B,): (accepted, draft (B, gamma), final)."""
+    _check_rows(rows, models)
+    _check_count(gamma, "gamma")
+    _check_memory(len(rows) * (gamma + 1) * STEP_BYTES, "toy_step")
+    _check_rng(rng)
+    return _toy_step(rows, gamma, models, rng, rule)
+
+
+def _toy_step(rows, gamma, models, rng, rule):
+    """toy_step() without the checks, for the engine's loops (their callers checked once)."""
     batch = len(rows)
     u = rng.random((gamma + 1, batch))  # one uniform per draft, one for the final draw
     block = rows - rows % len(CONTEXTS)  # first row of each chain's model
@@ -550,6 +665,7 @@ TARGET_SAMPLER = RowSampler(P_MATRIX)
 def sample_tokens(n_draws, ctx, rng):
     """n_draws independent tokens from p(· | ctx), vectorised; token ids (n_draws,)."""
     _check_count(n_draws, "n_draws")
+    _check_memory(n_draws * DRAW_BYTES, f"sample_tokens({n_draws:,})")
     _check_context(ctx)
     _check_rng(rng)
     return TARGET_SAMPLER(np.full(n_draws, CONTEXT_INDEX[ctx]), rng.random(n_draws))
@@ -558,8 +674,9 @@ def sample_tokens(n_draws, ctx, rng):
 def simulate_prefixes(n_runs, k, gamma, w, ctx, rng, rule=EXACT_RULE):
     """First k tokens of n_runs independent speculative generations from ctx, (n_runs, k)."""
     _check_count(n_runs, "n_runs")
-    _check_count(k, "k")
+    _check_count(k, "k", 1000, "at every step the prefix loop visits each of the k slots")
     _check_step_args(ctx, gamma, w)
+    _check_memory(n_runs * (8 * k + (gamma + 2) * STEP_BYTES), "simulate_prefixes")
     _check_rng(rng)
     models = toy_models((w,), rule)
     out = np.full((n_runs, k), -1, dtype=np.int64)
@@ -567,7 +684,7 @@ def simulate_prefixes(n_runs, k, gamma, w, ctx, rng, rule=EXACT_RULE):
     rows = np.full(n_runs, CONTEXT_INDEX[ctx], dtype=np.int32)
     active = np.arange(n_runs) if k else np.arange(0)
     while active.size:
-        accepted, draft, final = toy_step(rows[active], gamma, models, rng, rule)
+        accepted, draft, final = _toy_step(rows[active], gamma, models, rng, rule)
         start = filled[active]
         for j in range(k):  # slot j holds this step's token number j − start, if it emitted one
             offset = j - start
@@ -592,13 +709,20 @@ class RunTotals(NamedTuple):
 
     @property
     def tokens_per_step(self):
-        """Mean tokens per target call."""
+        """Mean tokens per target call; undefined (ValueError) for a run of no steps."""
+        self._check_not_empty()
         return self.tokens / self.steps
 
     @property
     def acceptance_rate(self):
-        """Accepted drafts per ratio test."""
+        """Accepted drafts per ratio test; 1.0 if the steps ran no test (γ = 0): none failed."""
+        self._check_not_empty()
         return self.accepted / self.tests if self.tests else 1.0
+
+    def _check_not_empty(self):
+        """Raise for a run of no steps, whose per-step and per-test rates are 0/0."""
+        if self.steps == 0:
+            raise ValueError("a run of no steps has no tokens per step and no acceptance rate")
 
 
 def steps_totals(steps):
@@ -610,9 +734,17 @@ def steps_totals(steps):
 def simulate_generation(n_chains, n_tokens, gamma, weights, rng, rule=EXACT_RULE):
     """{w: RunTotals} of n_chains chains from BOS per w, each stepped until it has n_tokens."""
     _check_count(n_chains, "n_chains")
-    _check_count(n_tokens, "n_tokens")
+    _check_count(n_tokens, "n_tokens", MAX_STEPS, "one array step per token at worst")
+    _check_weights(weights)
     for w in weights:
         _check_step_args(BOS, gamma, w)
+    _check_memory(len(weights) * n_chains * (gamma + 2) * STEP_BYTES, "simulate_generation")
+    _check_count(
+        len(weights) * n_chains * n_tokens,
+        "len(weights)·n_chains·n_tokens",
+        MAX_DRAWS,
+        "tokens one call may draw, about a minute",
+    )
     _check_rng(rng)
     models = toy_models(tuple(weights), rule)
     model = np.repeat(np.arange(len(weights), dtype=np.int32), n_chains)  # (M·n_chains,) each w
@@ -621,7 +753,7 @@ def simulate_generation(n_chains, n_tokens, gamma, weights, rng, rule=EXACT_RULE
     tokens, steps, full_steps = (np.zeros(len(rows), dtype=np.int64) for _ in range(3))
     active = np.arange(len(rows)) if n_tokens else np.arange(0)
     while active.size:
-        accepted, _, final = toy_step(rows[active], gamma, models, rng, rule)
+        accepted, _, final = _toy_step(rows[active], gamma, models, rng, rule)
         rows[active] = block[active] + 1 + final
         tokens[active] += accepted + 1
         steps[active] += 1
@@ -660,9 +792,12 @@ def model_matrices(w, exact=True):
     return P_FRACTIONS, w * P_FRACTIONS + (1 - w) * Q0_FRACTIONS
 
 
+JOINT_MAX_K = max(k for k in range(20) if V**k <= MAX_OUTCOMES)  # 4: 18^4 = 104,976 outcomes
+
+
 def target_joint(k, ctx=BOS, exact=True):
     """The target chain's law of its next k tokens after ctx: {k-character string: probability}."""
-    _check_count(k, "k")
+    _check_count(k, "k", JOINT_MAX_K, f"the law lists 18^k outcomes, at most {MAX_OUTCOMES:,}")
     _check_context(ctx)
     p, _ = model_matrices(0, exact)
     law = {"": Fraction(1) if exact else 1.0}
@@ -675,9 +810,12 @@ def target_joint(k, ctx=BOS, exact=True):
     return law
 
 
+LAW_MAX_K = 3  # k = 3 enumerates in seconds, k = 4 in about 3 minutes (Fractions, γ = 2)
+
+
 def speculative_law(k, gamma, w, ctx=BOS, rule=EXACT_RULE, exact=True):
     """Law of the first k tokens of speculative generation from ctx, every draft path enumerated."""
-    _check_count(k, "k")
+    _check_count(k, "k", LAW_MAX_K, "every draft path is enumerated: k = 4 takes minutes")
     _check_step_args(ctx, gamma, w)
     p, q = model_matrices(w, exact)
     accept, correction = rule.tables(p, q)  # (19, 18) each, per context and drafted token
@@ -779,7 +917,7 @@ class Comparison(NamedTuple):
 
 def total_variation(a, b):
     """½·Σ|a − b|."""
-    a, b = np.asarray(a, float), np.asarray(b, float)
+    a, b = _as_real_array(a, "a"), _as_real_array(b, "b")
     if a.shape != b.shape:
         raise ValueError(f"a and b must have one shape, got {a.shape} and {b.shape}")
     return 0.5 * float(np.abs(a - b).sum())
@@ -787,32 +925,41 @@ def total_variation(a, b):
 
 def chi_square_p_value(counts, probs):
     """p-value of Pearson's chi-square test of counts against probs (scipy)."""
-    counts, probs = np.asarray(counts, float), np.asarray(probs, float)
+    counts, probs = _as_real_array(counts, "counts"), _as_real_array(probs, "probs")
     if counts.shape != probs.shape or abs(probs.sum() - 1) > 1e-9:
         raise ValueError("counts and probs must have one shape and probs must sum to 1")
+    if np.any(counts < 0) or np.any(probs <= 0) or counts.sum() == 0:
+        raise ValueError(
+            "counts must be >= 0, not all 0, and probs > 0 (drop outcomes of probability 0)"
+        )
     return float(stats.chisquare(counts, probs * counts.sum()).pvalue)
 
 
 def compare(tokens, law):
     """Comparison of sampled token rows (N, k) against {k-string: probability}."""
+    tokens, k = _check_token_rows(tokens, law)
     labels = sorted(law)
     exact = np.array([float(law[s]) for s in labels])
-    k = tokens.shape[1]
     codes = np.zeros(len(tokens), dtype=np.int64)
     for column in tokens.T:  # each row read as a base-V number
         codes = codes * V + column
-    counts = np.bincount(codes, minlength=V**k)
-    order = [sum(TOKEN_INDEX[ch] * V ** (k - 1 - i) for i, ch in enumerate(s)) for s in labels]
-    return Comparison(labels, exact, counts[order])
+    order = np.array(  # ascending, as VOCAB is sorted
+        [sum(TOKEN_INDEX[ch] * V ** (k - 1 - i) for i, ch in enumerate(s)) for s in labels]
+    )
+    slot = np.minimum(np.searchsorted(order, codes), len(order) - 1)  # (N,) each row's label
+    if np.any(order[slot] != codes):
+        raise ValueError("tokens contain an outcome that law does not list (probability 0)")
+    return Comparison(labels, exact, np.bincount(slot, minlength=len(labels)))
 
 
 def noise_reference(probs, n, rng, reps=2000):
     """Mean and 95th percentile of max-gap and TV for n exact draws from probs (multinomial)."""
-    probs = np.asarray(probs, float)
+    probs = _as_real_array(probs, "probs")
     if probs.ndim != 1 or np.any(probs < 0) or abs(probs.sum() - 1) > 1e-9:
         raise ValueError("probs must be a 1-D array of non-negative probabilities summing to 1")
-    _check_count(n, "n")
-    _check_count(reps, "reps")
+    _check_positive_count(n, "n", 2**62, "numpy's multinomial counts in int64")
+    _check_positive_count(reps, "reps")
+    _check_memory(reps * probs.size * 8 * 4, f"noise_reference with reps={reps:,}")
     _check_rng(rng)
     freq = rng.multinomial(n, probs, size=reps) / n  # (reps, K)
     gap = np.abs(freq - probs)
@@ -922,9 +1069,13 @@ def alpha_fraction(w):
 def expected_tokens(alpha, gamma):
     """Eq. (1): E[tokens/step] = (1 − α^(γ+1))/(1 − α) = Σ_{i=0..γ} α^i."""
     _check_unit_interval(alpha, "alpha")
-    _check_count(gamma, "gamma")
-    # the sum form is stable near α = 1, where the closed form divides 0 by 0
-    return sum(alpha**i for i in range(gamma + 1)) * 1.0
+    _check_count(gamma, "gamma", MAX_GAMMA, "past it γ + 1 is not exact as a float")
+    if gamma < 64:  # the sum form is stable near α = 1, where the closed form divides 0 by 0
+        return sum(alpha**i for i in range(gamma + 1)) * 1.0
+    if alpha == 1:
+        return gamma + 1.0
+    drop = float(1 - alpha)  # the closed form, with expm1 and log1p to stay exact near α = 1
+    return -math.expm1((gamma + 1) * math.log1p(-drop)) / drop
 
 
 def walltime_speedup(alpha, gamma, c):
@@ -941,8 +1092,17 @@ def operations_increase(alpha, gamma, c_hat):
 
 def optimal_gamma(alpha, c, max_gamma=30):
     """The γ ≤ max_gamma maximising Theorem 3.8; 0: do not speculate; ties: smaller."""
-    _check_count(max_gamma, "max_gamma")
-    speedups = [walltime_speedup(alpha, g, c) for g in range(max_gamma + 1)]
+    _check_count(max_gamma, "max_gamma", MAX_GAMMA, "past it γ + 1 is not exact as a float")
+    _check_unit_interval(alpha, "alpha")
+    _check_nonnegative(c, "c")
+    if alpha == 1 or c == 0:  # then the speedup is monotone in γ: it rises iff α > c
+        return max_gamma if alpha > c else 0
+    # past γ = α/((1 − α)c) the speedup is below 1/((1 − α)(γc + 1)) <= 1, its value at γ = 0
+    beyond = alpha >= max_gamma * (1 - alpha) * c  # that γ lies past max_gamma
+    last = max_gamma if beyond else int(alpha / ((1 - alpha) * c)) + 1
+    if last > MAX_STEPS:
+        raise ValueError(f"max_gamma: the optimum may lie anywhere up to {last:,} (MAX_STEPS)")
+    speedups = [walltime_speedup(alpha, g, c) for g in range(last + 1)]
     return int(np.argmax(speedups))
 
 
@@ -972,6 +1132,7 @@ def markov_chain_stats(p, q, gamma):
     Kernel M = Σ_{n<γ} Kⁿ·diag(1 − β)·R + K^γ·P: K = min(p, q) keeps, R the residual.
     """
     p, q = _check_tables(p, q)
+    _check_count(gamma, "gamma", MAX_STEPS, "one V × V matrix step per draft position")
     keep = np.minimum(p, q)  # kept-draft kernel: token -> next token
     reject = 1 - keep.sum(axis=1)  # (V,) 1 − β
     residual = EXACT_RULE.correction_law(p, q)
@@ -986,6 +1147,7 @@ def markov_chain_stats(p, q, gamma):
         reach = reach @ keep
         accepted += reach.sum(axis=1)
     kernel += reach @ p  # all gamma kept: bonus from p
+    kernel /= kernel.sum(axis=1, keepdims=True)  # rows sum to 1 (rounding drifts over many γ)
     pi = _stationary(kernel)
     return ChainStats(float(pi @ accepted) + 1, float(pi @ accepted), float(pi @ tests))
 
@@ -1722,6 +1884,9 @@ def joint_check(rule=EXACT_RULE, n_draws=N_DRAWS, seed=SEEDS["joint"]):
 
 def acceptance_sweep(gamma=4, n_tokens=N_DRAWS, n_chains=SWEEP_CHAINS, seed=SEEDS["sweep"]):
     """{w: RunTotals} for w in SWEEP_WEIGHTS, each of n_tokens over n_chains chains from BOS."""
+    _check_count(n_tokens, "n_tokens")
+    _check_positive_count(n_chains, "n_chains")
+    _check_count(seed, "seed")
     per_chain = -(-n_tokens // n_chains)  # ceil: at least n_tokens in all
     rng = np.random.default_rng(seed)
     return simulate_generation(n_chains, per_chain, gamma, SWEEP_WEIGHTS, rng)
@@ -1729,6 +1894,7 @@ def acceptance_sweep(gamma=4, n_tokens=N_DRAWS, n_chains=SWEEP_CHAINS, seed=SEED
 
 def control_rows(alpha=1e-3):
     """Per verifier, correct or broken: the joint test (passes if p > alpha) and the exact error."""
+    _check_unit_interval(alpha, "alpha")
     target = target_joint(2, BOS)
     rows = []
     for name, rule in [("correct rule", EXACT_RULE), *BROKEN_RULES.items()]:
@@ -1909,6 +2075,7 @@ def plot_target_heatmap(label_above=0.15):
 
 def plot_draft_mixture(ctx="t", weights=(0.0, 0.3, 0.7, 1.0)):
     """Markers of q_w(· | ctx) for several w, from the unigram (w = 0) to the target (w = 1)."""
+    _check_context(ctx)
     fig, ax = _new_figure()
     x, shift = np.arange(V), 0.6 / len(weights)
     for i, (w, marker) in enumerate(zip(weights, "os^D")):
@@ -1984,6 +2151,7 @@ def plot_step_trace(steps):
 
 def plot_two_paths(ctx="t", w=0.3):
     """Per token: min(p, q) kept directly plus max(0, p − q) from the residual, against p and q."""
+    _check_context(ctx)
     p, q = P_MATRIX[CONTEXT_INDEX[ctx]], draft_matrix(w)[CONTEXT_INDEX[ctx]]
     kept, moved = np.minimum(p, q), _residual_weights(p, q)
     fig, ax = _new_figure()

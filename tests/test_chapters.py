@@ -1,5 +1,6 @@
 """Every chapter executes top to bottom, and a failing cell fails both this test and the build."""
 
+import os
 import shutil
 import subprocess
 import sys
@@ -58,11 +59,15 @@ def test_a_failing_cell_fails_the_build(tmp_path):
         f"---\n{header}---\n\n# Broken\n\n```{{code-cell}} ipython3\nraise RuntimeError('x')\n```\n"
     )
     jupyter_book = Path(sys.executable).with_name("jupyter-book")
+    scratch = tmp_path / "tmp"  # Sphinx writes its error log (sphinx-err-*.log) here, not in /tmp
+    scratch.mkdir()
     result = subprocess.run(
         [str(jupyter_book), "build", str(tmp_path), "-W", "-n", "--keep-going"],
         capture_output=True,
         text=True,
         timeout=600,
+        env={**os.environ, "TMPDIR": str(scratch)},
     )
     assert result.returncode != 0
     assert "RuntimeError" in result.stdout + result.stderr
+    assert list(scratch.glob("sphinx-err-*.log")), "the error log must land in the test's own dir"

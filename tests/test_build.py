@@ -1,0 +1,218 @@
+"""The set-up and the build (issue 14): interpreter check, stale venv, stale cache and images,
+declared dependencies, reproducible notebooks, a quiet kernel, and REQUIRE_BROWSER=0."""
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import jupytext
+import nbformat
+import pytest
+from packaging.requirements import Requirement
+
+ROOT = Path(__file__).resolve().parents[1]
+VERSION = "{}.{}".format(*sys.version_info[:2])
+
+
+def fake_python(folder, version):
+    """An executable that answers every question with a version string, like `python -c ...`."""
+    path = folder / f"python{version}"
+    path.write_text(f"#!/bin/sh\necho {version}\n")
+    path.chmod(0o755)
+    return path
+
+
+def project_copy(tmp_path):
+    """The Makefile and the files its rules read, in tmp_path, with .venv and the build stamped."""
+    for name in ("Makefile", "requirements.txt", "pyproject.toml", "specdec_core.py"):
+        shutil.copy(ROOT / name, tmp_path / name)
+    (tmp_path / "scripts").mkdir()
+    shutil.copy(ROOT / "scripts" / "ipython_kernel_config.py", tmp_path / "scripts")
+    (tmp_path / ".venv" / "bin").mkdir(parents=True)
+    (tmp_path / ".venv" / "bin" / "python").symlink_to(sys.executable)
+    for stamp in (".venv/bin/.installed", "_build/.core-stamp", "_build/html/_images/old.png"):
+        (tmp_path / stamp).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / stamp).touch()
+    return tmp_path
+
+
+def make(folder, *args):
+    """Run make in folder; return the completed process (stdout and stderr as text)."""
+    return subprocess.run(
+        ["make", "--no-print-directory", "-C", str(folder), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+# ---- the interpreter and .venv ---------------------------------------------------------------
+
+
+def test_make_refuses_an_unsupported_python_before_creating_the_venv(tmp_path):
+    for name in ("Makefile", "requirements.txt", "pyproject.toml"):
+        shutil.copy(ROOT / name, tmp_path / name)
+    (tmp_path / "scripts").mkdir()
+    shutil.copy(ROOT / "scripts" / "ipython_kernel_config.py", tmp_path / "scripts")
+    result = make(tmp_path, f"PYTHON={fake_python(tmp_path, '3.10')}", ".venv/bin/.installed")
+    assert result.returncode != 0
+    assert "Python 3.10" in result.stderr and "3.11" in result.stderr
+    assert not (tmp_path / ".venv").exists()
+
+
+def test_make_recreates_a_venv_of_another_python(tmp_path):
+    project = project_copy(tmp_path)
+    (project / ".venv" / "bin" / "python").unlink()
+    fake_python(project / ".venv" / "bin", "3.10").rename(project / ".venv" / "bin" / "python")
+    dry = make(project, "-n", f"PYTHON={sys.executable}", ".venv/bin/.installed").stdout
+    assert "rm -rf .venv" in dry and "-m venv .venv" in dry
+    # the control: a venv of the same Python is kept
+    (project / ".venv" / "bin" / "python").unlink()
+    (project / ".venv" / "bin" / "python").symlink_to(sys.executable)
+    kept = make(project, "-n", f"PYTHON={sys.executable}", ".venv/bin/.installed").stdout
+    assert "rm -rf .venv" not in kept and "up to date" in kept
+
+
+def test_the_supported_versions_agree_in_makefile_pyproject_and_readme():
+    supported = re.search(r"^SUPPORTED := (.*)$", (ROOT / "Makefile").read_text(), re.M)
+    versions = supported.group(1).split()
+    assert VERSION in versions
+    minimum = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["requires-python"]
+    assert minimum == f">={versions[0]}"
+    assert f"Python {versions[0]} to {versions[-1]}" in (ROOT / "README.md").read_text()
+
+
+# ---- stale outputs: the execution cache and the site's images -----------------------------------
+
+
+@pytest.mark.parametrize("changed", ["requirements.txt", "specdec_core.py"])
+def test_a_changed_core_or_package_set_drops_the_cache_and_the_old_images(tmp_path, changed):
+    project = project_copy(tmp_path)
+    (project / "_build" / ".jupyter_cache").mkdir()
+    python = f"PYTHON={sys.executable}"
+    assert "rm -rf" not in make(project, "-n", python, "_build/.core-stamp").stdout  # up to date
+    dry = make(project, "-n", python, "-W", changed, "_build/.core-stamp").stdout
+    assert re.search(r"rm -rf .*_build/\.jupyter_cache.*_build/html", dry), dry
+    # run the stamp's own recipe (the venv is faked, so not the reinstall it would come after)
+    recipe = [line for line in dry.splitlines() if "_build/.jupyter_cache" in line]
+    subprocess.run(recipe[0], shell=True, cwd=project, check=True)
+    assert not (project / "_build" / "html" / "_images" / "old.png").exists()
+    assert not (project / "_build" / ".jupyter_cache").exists()
+
+
+# ---- pip install -e . --------------------------------------------------------------------------
+
+
+def test_pyproject_declares_the_runtime_dependencies_and_the_pins_satisfy_them():
+    declared = [
+        Requirement(r)
+        for r in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    ]
+    pins = {}
+    for line in (ROOT / "requirements.txt").read_text().splitlines():
+        if "==" in line and not line.startswith("#"):
+            name, version = line.split("==")
+            pins[name.lower().replace("_", "-")] = version
+    names = {r.name.lower() for r in declared}
+    assert {"numpy", "scipy", "matplotlib", "pandas", "myst-nb", "ipywidgets"} <= names
+    for requirement in declared:
+        assert requirement.specifier, f"{requirement.name} needs a range"
+        assert pins[requirement.name.lower()] in requirement.specifier, requirement
+
+
+def test_every_module_the_core_and_chapters_import_is_declared_or_standard():
+    code = [(ROOT / "specdec_core.py").read_text()] + [
+        cell.source
+        for chapter in (ROOT / "book").glob("ch*.md")
+        for cell in jupytext.read(chapter).cells
+        if cell.cell_type == "code"
+    ]
+    imported = {
+        m.group(1).split(".")[0]
+        for source in code
+        for m in re.finditer(r"^\s*(?:import|from) (\w[\w.]*)", source, re.M)
+    }
+    provided = {"numpy", "scipy", "matplotlib", "matplotlib_inline", "pandas", "myst_nb"}
+    provided |= {"ipywidgets", "IPython"}  # IPython comes with any Jupyter kernel
+    third_party = imported - set(sys.stdlib_module_names) - {"specdec_core"}
+    assert third_party <= provided, third_party - provided
+
+
+# ---- reproducible downloads ---------------------------------------------------------------------
+
+
+def test_exported_notebooks_are_identical_between_exports(tmp_path):
+    chapter = ROOT / "book" / "ch1_models.md"
+    outputs = [tmp_path / "a.ipynb", tmp_path / "b.ipynb"]
+    for output in outputs:
+        subprocess.run(
+            [sys.executable, ROOT / "scripts" / "export_notebook.py", chapter, output], check=True
+        )
+    assert outputs[0].read_bytes() == outputs[1].read_bytes()
+    notebook = nbformat.read(outputs[0], as_version=4)
+    assert [c.id for c in notebook.cells] == [f"cell-{i}" for i in range(len(notebook.cells))]
+    assert len(notebook.cells) == len(jupytext.read(chapter).cells)
+
+
+def test_the_makefile_exports_notebooks_with_the_script():
+    rule = re.search(
+        r"^book/_notebooks/%\.ipynb:.*\n(?:\t.*\n)+", (ROOT / "Makefile").read_text(), re.M
+    )
+    assert "scripts/export_notebook.py" in rule.group(0) and "jupytext" not in rule.group(0)
+
+
+# ---- a quiet kernel ----------------------------------------------------------------------------
+
+
+def test_a_kernel_starts_without_the_unencrypted_tcp_warning(tmp_path):
+    """The build's kernels print no 'without encryption' warning (the venv's kernel config)."""
+    cell = "import logging; logging.getLogger('IPKernelApp').warning('other warnings still show')"
+    script = (
+        "import nbformat\nfrom nbclient import NotebookClient\n"
+        f"nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell({cell!r})])\n"
+        "nb.metadata['kernelspec'] = {'name': 'python3', 'display_name': 'P'}\n"
+        "NotebookClient(nb, kernel_name='python3').execute()\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path, timeout=300
+    )
+    assert result.returncode == 0, result.stderr
+    assert "without encryption" not in result.stderr
+    assert "other warnings still show" in result.stderr  # the filter drops one message only
+
+
+def test_the_kernel_config_is_installed_in_the_venv():
+    installed = Path(sys.prefix) / "etc" / "ipython" / "ipython_kernel_config.py"
+    assert installed.read_text() == (ROOT / "scripts" / "ipython_kernel_config.py").read_text()
+
+
+# ---- REQUIRE_BROWSER ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "value, outcome", [("0", "1 skipped"), ("", "1 skipped"), ("1", "1 error")]
+)
+def test_require_browser_zero_means_not_required(tmp_path, value, outcome):
+    """With no chromium on PATH, REQUIRE_BROWSER=0 (or empty) skips; only 1 makes it a failure."""
+    env = {**os.environ, "PATH": str(tmp_path), "REQUIRE_BROWSER": value}
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            str(ROOT / "tests" / "test_site.py") + "::test_the_browser_check_can_fail",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=300,
+    )
+    assert outcome in result.stdout, result.stdout[-2000:]
