@@ -16,7 +16,7 @@ export JUPYTER_DATA_DIR := $(CURDIR)/$(VENV)/share/jupyter
 export JUPYTER_PLATFORM_DIRS := 1
 export PYDEVD_DISABLE_FILE_VALIDATION := 1
 
-.PHONY: all site test figures notebooks lab bench lint clean distclean
+.PHONY: all site test figures notebooks lab bench lint clean distclean pdf
 
 all: site
 
@@ -80,9 +80,16 @@ book/_notebooks/%.ipynb: book/%.md $(BIN)/.installed scripts/export_notebook.py
 	@mkdir -p $(@D)
 	$(BIN)/python scripts/export_notebook.py $< $@
 
-## make lab: JupyterLab on the chapters; double-click a chapter to open it as a notebook
-lab: $(BIN)/.lab-installed
-	$(BIN)/jupyter lab --notebook-dir=book $(if $(filter 0,$(shell id -u)),--allow-root)
+## make lab: JupyterLab on the chapters as notebooks with their numbers and figures (the
+## archive's notebooks, _build/notebooks, written by the site build)
+lab: $(BIN)/.lab-installed site
+	$(BIN)/jupyter lab --notebook-dir=_build/notebooks $(if $(filter 0,$(shell id -u)),--allow-root)
+
+## make pdf: the whole book as one PDF, _build/pdf/exact-by-construction.pdf: the machine's
+## headless chromium prints a single-page build (no browser is downloaded)
+pdf: site
+	SPECDEC_STATIC_SITE=1 $(BIN)/jupyter-book build . --builder singlehtml --warningiserror --nitpick --keep-going
+	$(BIN)/python scripts/pdf.py _build/singlehtml/book/intro.html _build/pdf/exact-by-construction.pdf
 
 ## make bench: time the literal loops against the vectorised engine
 bench: $(BIN)/.installed

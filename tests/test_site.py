@@ -5,6 +5,8 @@ import functools
 import os
 import re
 import shutil
+import subprocess
+import tempfile
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
@@ -102,12 +104,57 @@ def test_the_path_check_can_fail():
     assert LOCAL_PATH.search(f"<p>{ROOT}/_build/html/x.png</p>") and LOCAL_PATH.search("/tmp/a")
 
 
-# ---- a real browser, offline -------------------------------------------------------------
+# ---- a real browser, offline, in a network namespace of its own --------------------------
+
+# Switches that stop Chromium's own traffic: component updates, sync, pings, metrics, safe
+# browsing, translation, DNS prefetch. The network namespace below makes them a second line.
+QUIET_SWITCHES = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--no-default-browser-check",
+    "--no-pings",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-default-apps",
+    "--disable-extensions",
+    "--disable-domain-reliability",
+    "--disable-client-side-phishing-detection",
+    "--disable-breakpad",
+    "--metrics-recording-only",
+    "--safebrowsing-disable-auto-update",
+    "--password-store=basic",
+    "--use-mock-keychain",
+    "--disable-features=OptimizationHints,MediaRouter,Translate,AutofillServerCommunication,"
+    "CertificateTransparencyComponentUpdater,DialMediaRouteProvider,InterestFeedContentSuggestions",
+]
+PHONE, DESKTOP = 390, 1400
+
+
+def network_namespace_command():
+    """`unshare -n` (as root) or `unshare -rn` (a user namespace): whichever works here, or None."""
+    unshare = shutil.which("unshare")
+    for flags in (["-n"], ["-r", "-n"]):
+        works = unshare and subprocess.run([unshare, *flags, "true"], capture_output=True)
+        if works and works.returncode == 0:
+            return [unshare, *flags]
+    return None
+
+
+def isolation(pid):
+    """(own network namespace?, its interfaces) of a process, read from /proc."""
+    own = os.readlink(f"/proc/{pid}/ns/net") != os.readlink("/proc/self/ns/net")
+    lines = Path(f"/proc/{pid}/net/dev").read_text().splitlines()[2:]
+    return own, sorted(line.split(":")[0].strip() for line in lines)
 
 
 @pytest.fixture(scope="module")
 def browser():
-    """Headless Chromium, Debian's; skipped (or failed, with REQUIRE_BROWSER=1) where missing."""
+    """Headless Chromium, Debian's, in a fresh network namespace, with HOME, XDG dirs, TMPDIR and
+    its profile in a temporary folder removed afterwards; skipped (or failed, with
+    REQUIRE_BROWSER=1) where missing."""
     if CHROMIUM is None:
         if os.environ.get("REQUIRE_BROWSER", "0") not in ("", "0"):
             pytest.fail("REQUIRE_BROWSER is set but chromium is not installed")
@@ -116,27 +163,90 @@ def browser():
         )
     from playwright.sync_api import sync_playwright
 
-    with sync_playwright() as playwright:
-        launched = playwright.chromium.launch(
-            executable_path=CHROMIUM,
-            headless=True,
-            args=[
-                "--no-sandbox",
-                "--disable-gpu",
-                "--disable-quic",
-                "--no-first-run",
-                "--disable-background-networking",
-                "--disable-component-update",
-                "--disable-sync",
-            ],
+    with tempfile.TemporaryDirectory(prefix="specdec-browser-") as home:
+        folders = {
+            "HOME": home,
+            "TMPDIR": home,
+            "XDG_CONFIG_HOME": f"{home}/config",
+            "XDG_CACHE_HOME": f"{home}/cache",
+            "XDG_DATA_HOME": f"{home}/data",
+            "XDG_RUNTIME_DIR": f"{home}/runtime",
+        }
+        for folder in folders.values():
+            os.makedirs(folder, mode=0o700, exist_ok=True)
+        prefix = network_namespace_command() or []
+        launcher = Path(home) / "chromium-offline"
+        launcher.write_text('#!/bin/sh\nexec ' + " ".join([*prefix, CHROMIUM]) + ' "$@"\n')
+        launcher.chmod(0o700)
+        saved = {k: os.environ.get(k) for k in folders}
+        os.environ.update(folders)  # the playwright driver puts its profile folder in TMPDIR
+        try:
+            with sync_playwright() as playwright:
+                launched = playwright.chromium.launch(
+                    executable_path=str(launcher),
+                    headless=True,
+                    args=QUIET_SWITCHES,
+                    env={**os.environ, **folders},
+                )
+                launched.home = home
+                yield launched
+                launched.close()
+        finally:
+            for key, value in saved.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
+
+
+def browser_processes(home):
+    """Pids of the Chromium processes whose HOME is the fixture's folder."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            environ = (proc / "environ").read_bytes().split(b"\0")
+            command = (proc / "cmdline").read_bytes()
+        except (OSError, ValueError):
+            continue
+        if f"HOME={home}".encode() in environ and b"chrom" in command:
+            pids.append(int(proc.name))
+    return pids
+
+
+def test_the_browser_is_cut_off_from_the_network(browser):
+    """Every Chromium process runs in its own network namespace with only loopback, so no
+    connection can leave the machine, whatever the browser tries."""
+    visit(browser, SITE / "book" / "intro.html")
+    pids = browser_processes(browser.home)
+    assert pids, "no Chromium process found"
+    report = {pid: isolation(pid) for pid in pids}
+    assert all(own and interfaces == ["lo"] for own, interfaces in report.values()), report
+
+
+def test_the_isolation_check_can_fail():
+    own, interfaces = isolation(os.getpid())
+    assert not own  # this test's own process shares the machine's network
+
+
+def test_the_browser_keeps_to_its_own_folders(browser):
+    """Profile, config, cache and dconf go to the fixture's temporary folder, not to the home."""
+    visit(browser, SITE / "book" / "intro.html")
+    for pid in browser_processes(browser.home):
+        environ = dict(
+            item.split("=", 1)
+            for item in Path(f"/proc/{pid}/environ").read_text(errors="replace").split("\0")
+            if "=" in item
         )
-        yield launched
-        launched.close()
+        for key in ("HOME", "XDG_CONFIG_HOME", "XDG_CACHE_HOME", "TMPDIR"):
+            assert environ.get(key, "").startswith(browser.home), (pid, key, environ.get(key))
+        command = Path(f"/proc/{pid}/cmdline").read_text(errors="replace").split("\0")
+        profiles = [a for a in command if a.startswith("--user-data-dir=")]
+        assert all(a.split("=", 1)[1].startswith(browser.home) for a in profiles), profiles
 
 
-def visit(browser, page_path):
-    """Open a page from disk with every non-file request blocked; return what happened."""
-    context = browser.new_context(offline=True)
+def new_page(browser, width):
+    """A page at a given width, offline, with every non-file request blocked and recorded."""
+    context = browser.new_context(offline=True, viewport={"width": width, "height": 900})
     page = context.new_page()
     outside, errors = [], []
 
@@ -154,13 +264,52 @@ def visit(browser, page_path):
         "requestfailed",
         lambda r: errors.append(f"failed: {r.url}") if r.url.startswith("file://") else None,
     )
-    page.goto(page_path.as_uri(), wait_until="load")
+    return context, page, outside, errors
+
+
+def settle(page):
+    """Wait for MathJax to typeset and every image to load."""
     page.wait_for_function("() => !window.MathJax || (MathJax.startup && MathJax.startup.promise)")
-    page.evaluate("() => window.MathJax ? MathJax.startup.promise : null")
+    page.evaluate("() => window.MathJax && MathJax.startup ? MathJax.startup.promise : null")
     page.evaluate(
         "() => Promise.all([...document.images].map(i => { i.loading = 'eager'; "
         "return i.complete ? null : i.decode().catch(() => null); }))"
     )
+
+
+# Measures, in the page: math cut off by a clipping box or the window; code blocks that scroll
+# sideways; the width each content image is drawn at.
+MEASURE = """() => {
+    const clipped = [];
+    for (const m of document.querySelectorAll('mjx-container')) {
+        const r = m.getBoundingClientRect();
+        if (r.width === 0) continue;
+        let box = null;
+        for (let e = m.parentElement; e && e !== document.body; e = e.parentElement) {
+            const c = getComputedStyle(e);  // overflow does not apply to inline elements
+            if (c.overflowX !== 'visible' && c.display !== 'inline') { box = e; break; }
+        }
+        const o = box ? getComputedStyle(box).overflowX : 'visible';
+        const right = box ? box.getBoundingClientRect().right : window.innerWidth;
+        const left = box ? box.getBoundingClientRect().left : 0;
+        const scrolls = o === 'auto' || o === 'scroll';
+        if (!scrolls && (r.right > right + 1 || r.left < left - 1))
+            clipped.push(m.textContent.slice(0, 60));
+    }
+    const code = [...document.querySelectorAll('main pre')]
+        .filter(p => p.getClientRects().length && p.scrollWidth > p.clientWidth + 1)
+        .map(p => p.textContent.slice(0, 60));
+    const drawn = [...document.querySelectorAll('main img')]
+        .map(i => [i.getAttribute('src'), Math.round(i.getBoundingClientRect().width)]);
+    return {clipped, code, drawn};
+}"""
+
+
+def visit(browser, page_path, width=DESKTOP):
+    """Open a page from disk with every non-file request blocked; return what happened."""
+    context, page, outside, errors = new_page(browser, width)
+    page.goto(page_path.as_uri(), wait_until="load")
+    settle(page)
     result = page.evaluate("""() => ({
         images: [...document.images].map(i => [i.getAttribute('src'), i.naturalWidth, i.alt]),
         math: document.querySelectorAll('.math').length,
@@ -169,6 +318,7 @@ def visit(browser, page_path):
                  && !e.querySelector('mjx-container')).length,
         text: document.querySelector('main') ? document.querySelector('main').innerText : ''
     })""")
+    result.update(page.evaluate(MEASURE))
     context.close()
     return result, outside, errors
 
@@ -182,15 +332,155 @@ def test_page_in_a_real_browser(browser, page_path):
     assert all(len(alt) > 20 for _, _, alt in result["images"]), "an image without alt text"
     assert result["typeset"] == result["math"] and result["rawTex"] == 0
     assert not re.search(r"\\\(|\\\[|\$\$", result["text"]), "raw TeX left in the page"
+    assert not result["code"], f"code blocks that scroll sideways at {DESKTOP} px: {result['code']}"
+
+
+@pytest.mark.parametrize("page_path", CONTENT_PAGES, ids=lambda p: p.stem)
+def test_page_on_a_phone(browser, page_path):
+    """At 390 px: no typeset math cut off (it fits, or its box scrolls), no code block that
+    scrolls sideways, and every content image drawn at least 300 px wide."""
+    result, outside, errors = visit(browser, page_path, PHONE)
+    assert not outside and not errors, (outside, errors)
+    assert not result["clipped"], f"math cut off at {PHONE} px: {result['clipped']}"
+    assert not result["code"], f"code blocks that scroll sideways at {PHONE} px: {result['code']}"
+    narrow = [(src, w) for src, w in result["drawn"] if w < 300]
+    print(f"{page_path.stem}: image widths at {PHONE} px:", [w for _, w in result["drawn"]])
+    assert not narrow, f"images drawn narrower than 300 px at {PHONE} px: {narrow}"
+
+
+def visible(page, selector):
+    """How many elements matching selector are drawn on screen."""
+    return page.evaluate(
+        """s => [...document.querySelectorAll(s)].filter(e => {
+            const r = e.getBoundingClientRect(), c = getComputedStyle(e);
+            return r.width > 0 && r.height > 0 && c.visibility !== 'hidden'
+                && r.right > 0 && r.left < window.innerWidth && r.bottom > 0;
+        }).length""",
+        selector,
+    )
+
+
+@pytest.mark.parametrize("width", [PHONE, DESKTOP])
+def test_the_menu_and_contents_buttons_work(browser, width):
+    """The visible menu button opens the chapter list; the contents button the page's contents.
+    One header, one search box."""
+    context, page, outside, errors = new_page(browser, width)
+    page.goto((SITE / "book" / "ch2_one_token.html").as_uri(), wait_until="load")
+    settle(page)
+    assert visible(page, ".bd-header") == 0, "a second header bar is drawn"
+    assert visible(page, ".search-button, .search-button-field, form.bd-search") <= 1
+    chapters = ".bd-sidebar-primary a[href*='ch3_drafted_runs']"
+    if width == PHONE:
+        assert visible(page, chapters) == 0, "the chapter list is open before any click"
+        assert visible(page, ".primary-toggle") == 1
+        page.locator(".primary-toggle").filter(visible=True).first.click()
+        page.wait_for_timeout(600)
+        assert visible(page, chapters) >= 1, "the menu button did not open the chapter list"
+        page.keyboard.press("Escape")
+        page.wait_for_timeout(400)
+    contents = ".bd-sidebar-secondary nav a, .bd-toc a"
+    toggles = page.locator(".secondary-toggle").filter(visible=True)
+    if width == PHONE or visible(page, contents) == 0:
+        assert toggles.count() == 1, "no visible contents button"
+        toggles.first.click()
+        page.wait_for_timeout(600)
+    assert visible(page, contents) >= 1, "the contents button did not open the page's contents"
+    context.close()
+    assert not outside and not errors, (outside, errors)
+
+
+def search(browser, query, summaries=False):
+    """(number of hits, outside requests, console errors) of a search on the built site; with
+    summaries=True the page also fetches each hit's text, as Sphinx does by default."""
+    context, page, outside, errors = new_page(browser, DESKTOP)
+    page.goto((SITE / "search.html").as_uri() + f"?q={query}", wait_until="load")
+    page.wait_for_function(
+        "() => document.querySelectorAll('#search-results li').length > 0", timeout=20000
+    )
+    if summaries:
+        page.evaluate(
+            f"() => {{ DOCUMENTATION_OPTIONS.SHOW_SEARCH_SUMMARY = true; "
+            f"Search.performSearch('{query}'); }}"
+        )
+    page.wait_for_timeout(1500)  # summaries, if any, are fetched after the list appears
+    hits = page.evaluate("() => document.querySelectorAll('#search-results li').length")
+    context.close()
+    return hits, outside, errors
+
+
+def test_search_finds_pages_without_errors(browser):
+    hits, outside, errors = search(browser, "rejection")
+    assert hits > 0 and not outside and not errors, (hits, outside, errors)
+
+
+def test_the_search_check_can_fail(browser):
+    """Sphinx's default, a summary fetched for each hit, fails from file://: the check sees it."""
+    hits, outside, errors = search(browser, "rejection", summaries=True)
+    assert hits > 0 and any("fetch" in e.lower() for e in errors), errors
 
 
 def test_the_browser_check_can_fail(browser, tmp_path):
     page = tmp_path / "bad.html"
     page.write_text(
         '<main><img src="missing.png"><img src="https://example.org/x.png">'
-        '<span class="math">\\(x^2\\)</span><script>undefinedFunction()</script></main>'
+        '<span class="math">\\(x^2\\)</span><script>undefinedFunction()</script>'
+        '<pre style="white-space: pre">' + "x" * 400 + "</pre>"
+        '<div style="overflow: hidden; width: 100px"><mjx-container style="display: inline-block;'
+        ' width: 300px">y</mjx-container></div></main>'
     )
-    result, outside, errors = visit(browser, page)
+    result, outside, errors = visit(browser, page, PHONE)
     assert outside == ["https://example.org/x.png"]
     assert errors and any(width == 0 for _, width, _ in result["images"])
-    assert result["rawTex"] == 1
+    assert result["rawTex"] == 1 and result["code"] and result["clipped"]
+    assert all(w < 300 for _, w in result["drawn"])
+
+
+# ---- what a reader expects of a book: numbers, a stamp, citations that lead to the paper ---
+
+
+def test_every_page_says_its_version_and_date():
+    version = re.search(r'^version = "(.+)"', (ROOT / "pyproject.toml").read_text(), re.M)[1]
+    stamp = re.compile(rf"version {re.escape(version)}\b.*built from the sources of \d{{4}}-\d\d")
+    pages = [p for p in PAGES if p.name not in ("index.html",)]  # index.html only redirects
+    missing = [p.name for p in pages if not stamp.search(p.read_text(encoding="utf-8"))]
+    assert not missing, missing
+
+
+def test_chapters_and_sections_are_numbered():
+    for page in CONTENT_PAGES:
+        if page.stem.startswith("ch"):
+            soup = BeautifulSoup(page.read_text(encoding="utf-8"), "html.parser")
+            numbers = [s.get_text(strip=True) for s in soup.select("main .section-number")]
+            chapter = page.stem[2]
+            assert numbers and numbers[0] == f"{chapter}." and f"{chapter}.1." in numbers, numbers
+
+
+def citations(page):
+    """(href, text of the entry it lands on, that entry's external links) for each citation."""
+    soup = BeautifulSoup(page.read_text(encoding="utf-8"), "html.parser")
+    for a in soup.select('a.reference.internal[href*="bibliography.html#"]'):
+        target = (page.parent / urlsplit(a["href"]).path).resolve()
+        entry = BeautifulSoup(target.read_text(encoding="utf-8"), "html.parser").find(
+            id=urlsplit(a["href"]).fragment
+        )
+        links = [x["href"] for x in entry.select("a.reference.external")] if entry else []
+        yield a["href"], entry.get("role") if entry else None, links
+
+
+def test_citations_land_on_an_entry_that_links_to_the_paper():
+    seen = 0
+    for page in CONTENT_PAGES:
+        for href, role, links in citations(page):
+            seen += 1
+            assert role == "doc-biblioentry", (page.name, href)
+            assert any(link.startswith("https://") for link in links), (page.name, href)
+    assert seen > 0
+
+
+def test_the_citation_check_can_fail(tmp_path):
+    (tmp_path / "bibliography.html").write_text(
+        '<div id="e1" role="doc-biblioentry"><p>An entry without a link.</p></div>'
+    )
+    page = tmp_path / "page.html"
+    page.write_text('<a class="reference internal" href="bibliography.html#e1">[X]</a>')
+    assert list(citations(page)) == [("bibliography.html#e1", "doc-biblioentry", [])]

@@ -1,0 +1,80 @@
+"""Sphinx extension of the book (registered in _config.yml under sphinx.local_extensions).
+
+It does three things the theme and myst-nb do not:
+- stamps every page with the project's version and the date of the sources it was built from;
+- offers each chapter as a notebook in the theme's download menu;
+- when the HTML build finishes, turns each executed chapter into a stand-alone notebook (the
+  `notebooks` module does the conversion) and packs them, with the core and its requirements,
+  into one archive: exact-by-construction-notebooks.zip at the root of the site.
+"""
+
+import datetime
+import os
+import subprocess
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+ARCHIVE = "exact-by-construction-notebooks.zip"
+NOTEBOOKS_DIR = "notebooks"  # _build/notebooks: the archive unpacked, for `make lab`
+
+
+def _git(*args):
+    """Output of a git command in the repository, or '' outside a git checkout."""
+    try:
+        result = subprocess.run(
+            ["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=10, check=True
+        )
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return result.stdout.strip()
+
+
+def build_stamp():
+    """'version 1.0.0, commit abc1234 of 2026-11-30': the same for two builds of one commit."""
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    commit, epoch = _git("log", "-1", "--format=%h"), _git("log", "-1", "--format=%ct")
+    epoch = os.environ.get("SOURCE_DATE_EPOCH") or epoch
+    day = (
+        datetime.datetime.fromtimestamp(int(epoch), datetime.UTC).date().isoformat()
+        if epoch
+        else datetime.date.today().isoformat()
+    )
+    dirty = " with local changes" if _git("status", "--porcelain", "--untracked-files=no") else ""
+    where = f", commit {commit}{dirty}" if commit else ""
+    return f"version {version}{where}, built from the sources of {day}"
+
+
+def _stamp_footer(app, config):
+    """Put the build stamp into the theme's footer of every page."""
+    stamp = f'<p class="book-build-stamp">Exact by Construction, {build_stamp()}.</p>'
+    options = dict(config.html_theme_options or {})
+    options["extra_footer"] = (options.get("extra_footer") or "") + stamp
+    config.html_theme_options = options
+
+
+def _is_chapter(app, pagename):
+    """True for a page executed as a notebook (a chapter), which therefore has a .ipynb."""
+    return app.env.metadata.get(pagename, {}).get("kernelspec") is not None
+
+
+def _offer_notebook(app, pagename, templatename, context, doctree):
+    """Name the chapter's notebook so the theme's download menu offers it as .ipynb."""
+    if doctree is not None and _is_chapter(app, pagename):
+        context["ipynb_source"] = f"{pagename}.ipynb"
+
+
+def _write_notebooks(app, exception):
+    """After a successful HTML build: the stand-alone notebooks, and the archive of all of them."""
+    if exception is not None or app.builder.name != "html":
+        return
+    from notebooks import write_all  # beside this file; imported late: it needs the venv
+
+    write_all(app, ROOT, Path(app.outdir), ARCHIVE, Path(app.outdir).parent / NOTEBOOKS_DIR)
+
+
+def setup(app):
+    app.connect("config-inited", _stamp_footer)
+    app.connect("html-page-context", _offer_notebook, priority=400)
+    app.connect("build-finished", _write_notebooks)
+    return {"parallel_read_safe": True, "parallel_write_safe": True}

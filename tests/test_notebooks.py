@@ -1,0 +1,141 @@
+"""The chapters as stand-alone notebooks (scripts/notebooks.py writes them when `make` builds the
+site): offered on every chapter page, free of the site's roles and directives, and runnable from
+the archive in a fresh venv outside the repository."""
+
+import re
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import nbformat
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SITE = ROOT / "_build" / "html"
+ARCHIVE = SITE / "exact-by-construction-notebooks.zip"
+CHAPTERS = sorted(p for p in (ROOT / "book").glob("*.md") if "kernelspec:" in p.read_text())
+# What a plain Jupyter would show raw: a MyST role, a directive fence, a target, or the import of
+# myst_nb, which the reader does not have.
+RAW = re.compile(r"\{[a-z][\w:-]*\}`|^\s*(```+|:::+)\s*\{|^\s*\([\w.:-]+\)=\s*$|myst_nb", re.M)
+
+pytestmark = pytest.mark.site
+
+
+def notebook_of(chapter):
+    return nbformat.read(SITE / "_sources" / "book" / f"{chapter.stem}.ipynb", as_version=4)
+
+
+def raw_syntax(notebook):
+    """Every piece of site-only syntax left in what the reader sees."""
+    return [m.group(0) for cell in notebook.cells for m in RAW.finditer(cell.source)]
+
+
+def test_the_raw_syntax_check_can_fail():
+    bad = nbformat.v4.new_notebook(
+        cells=[
+            nbformat.v4.new_markdown_cell("x = {glue:text}`x:.3f`\n```{literalinclude} a.py\n```"),
+            nbformat.v4.new_code_cell("from myst_nb import glue"),
+        ]
+    )
+    assert len(raw_syntax(bad)) == 3
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda p: p.stem)
+def test_the_chapter_notebook_reads_without_the_site(chapter):
+    notebook = notebook_of(chapter)
+    nbformat.validate(notebook)
+    assert not raw_syntax(notebook), raw_syntax(notebook)
+    assert "pip install -r requirements.txt" in notebook.cells[0].source
+    source = chapter.read_text()
+    figures = source.count("{glue:figure}")
+    markdown = [c for c in notebook.cells if c.cell_type == "markdown"]
+    images = sum(len(c.get("attachments", {})) for c in markdown)
+    captions = sum(len(re.findall(r"\*\*Fig\. [\d.]+\.\*\* \S", c.source)) for c in markdown)
+    assert images == captions == figures, "every figure shown with its number and caption"
+    shown = sum(len(c.source.splitlines()) for c in notebook.cells if c.cell_type == "code")
+    assert shown >= source.count("```{code-cell}"), "the code is in the notebook"
+    assert [c.id for c in notebook.cells] == [c.id for c in notebook_of(chapter).cells]
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda p: p.stem)
+def test_the_download_menu_offers_the_notebook(chapter):
+    html = (SITE / "book" / f"{chapter.stem}.html").read_text()
+    assert f'href="../_sources/book/{chapter.stem}.ipynb"' in html
+    downloads = list(SITE.glob(f"_downloads/*/{chapter.stem}.ipynb"))
+    assert downloads and all(
+        d.read_bytes() == (SITE / "_sources" / "book" / f"{chapter.stem}.ipynb").read_bytes()
+        for d in downloads
+    )
+
+
+def test_the_archive_holds_notebooks_core_and_requirements():
+    names = {Path(n).name for n in zipfile.ZipFile(ARCHIVE).namelist()}
+    assert {f"{c.stem}.ipynb" for c in CHAPTERS} | {
+        "specdec_core.py",
+        "requirements.txt",
+        "README.md",
+    } <= names
+    assert 'href="exact-by-construction-notebooks.zip"' in (SITE / "index.html").read_text() or (
+        "exact-by-construction-notebooks.zip" in (SITE / "book" / "intro.html").read_text()
+    )
+
+
+RUN = """
+import sys
+from pathlib import Path
+import nbformat
+from nbclient import NotebookClient
+try:
+    import myst_nb  # noqa: F401
+    sys.exit("myst_nb is installed: the stand-in for glue is not tested")
+except ImportError:
+    pass
+import specdec_core
+assert Path(specdec_core.__file__).parent == Path.cwd(), specdec_core.__file__
+notebook = nbformat.read(sys.argv[1], as_version=4)
+NotebookClient(notebook, timeout=300, kernel_name="python3").execute()
+errors = [o for c in notebook.cells for o in c.get("outputs", []) if o.output_type == "error"]
+assert not errors, errors
+print("ran", sys.argv[1])
+"""
+
+
+def test_the_archive_runs_in_a_fresh_venv_outside_the_repository(tmp_path):
+    """Unpack the archive in a temporary folder, create an empty venv there, install the
+    archive's requirements (and nbclient to drive the kernel) from the package index through
+    pip's cache, and execute every notebook, all at once: no myst_nb, no repository on the path.
+    (pip here is the repository venv's, pointed at the new venv with --python: same packages,
+    minutes less than bootstrapping pip inside the venv.)"""
+    zipfile.ZipFile(ARCHIVE).extractall(tmp_path)
+    (folder,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+    assert ROOT not in folder.parents
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    nbclient = next(
+        line
+        for line in (ROOT / "requirements.txt").read_text().splitlines()
+        if line.startswith("nbclient==")
+    )
+    subprocess.run(
+        [sys.executable, "-m", "pip", "--python", str(python), "install", "--quiet",
+         "--no-compile", "--disable-pip-version-check", "-r", "requirements.txt", nbclient],
+        cwd=folder, check=True, timeout=420,
+    )  # fmt: skip
+    env = {"PATH": f"{venv / 'bin'}:/usr/bin:/bin", "HOME": str(tmp_path), "MPLBACKEND": "Agg"}
+    notebooks = sorted(folder.glob("*.ipynb"))
+    assert [n.name for n in notebooks] == sorted(f"{c.stem}.ipynb" for c in CHAPTERS)
+    runs = [
+        subprocess.Popen(
+            [str(python), "-c", RUN, n.name], cwd=folder, env=env, text=True,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        )  # fmt: skip
+        for n in notebooks
+    ]
+    failed = {}
+    for notebook, run in zip(notebooks, runs):
+        out, err = run.communicate(timeout=420)
+        if run.returncode != 0:
+            failed[notebook.name] = err[-2000:]
+    assert not failed, failed
