@@ -16,13 +16,14 @@ import itertools
 import math
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from numbers import Integral, Real
 from typing import NamedTuple
 
 import numpy as np
-from scipy import stats
+import pandas as pd
+from scipy import optimize, stats
 
 # --------------------------------------------------------------------------------------------
 # The corpus and the two models
@@ -433,13 +434,9 @@ BROKEN_RULES = {
 def _accepted_count(accept_x, u):
     """Leading ratio tests passed (B,), from acceptance probs and uniforms, both (B, gamma)."""
     batch, gamma = accept_x.shape
-    passed = u < accept_x  # (B, gamma): r < min(1, p/q)
-    accepted = np.zeros(batch, dtype=np.int64)
-    alive = np.ones(batch, dtype=bool)
-    for i in range(gamma):  # stop at the first failed test
-        alive &= passed[:, i]
-        accepted += alive
-    return accepted
+    passed = np.zeros((batch, gamma + 1), dtype=bool)  # a failed sentinel test at the end
+    np.less(u, accept_x, out=passed[:, :gamma])  # r < min(1, p/q)
+    return passed.argmin(axis=1)  # the first failed test
 
 
 def _test_uniforms(rng, batch, gamma, rule):
@@ -448,27 +445,63 @@ def _test_uniforms(rng, batch, gamma, rule):
     return np.broadcast_to(u, (batch, gamma))
 
 
+def _row_sums(weights):
+    """Σ over the last axis, (...,): einsum reads short rows far faster than sum(axis=-1)."""
+    return np.einsum("...v->...", weights)
+
+
+def _sample_cumulative(cumulative, rng):
+    """One inverse-CDF draw from each row, given cumulative sums (N, V) of weights >= 0."""
+    u = rng.random(len(cumulative))[:, None] * cumulative[:, -1:]  # below each row's total
+    return np.count_nonzero(cumulative <= u, axis=1)  # the first token whose sum passes u
+
+
 def _sample_rows(weights, rng):
     """One inverse-CDF draw from each row of non-negative weights (N, V) with a positive sum."""
-    cumulative = weights.cumsum(axis=1)
-    u = rng.random(len(weights))[:, None] * cumulative[:, -1:]  # below each row's total
-    return (cumulative <= u).sum(axis=1)  # the first token whose cumulative sum passes u
+    return _sample_cumulative(weights.cumsum(axis=1), rng)
 
 
 def _final_token(p_n, q_n, is_bonus, rng, rule):
     """The token after the accepted ones: bonus from p, or a draw from the rule's correction."""
-    law = np.where(is_bonus[:, None], p_n, rule.correction_law(p_n, q_n))  # (B, V)
-    return _sample_rows(law, rng)
+    cumulative = rule.correction(p_n, q_n).cumsum(axis=1)  # (B, V), unnormalised
+    from_p = is_bonus | (cumulative[:, -1] <= 0)  # bonus, or a correction without mass: p
+    cumulative[from_p] = p_n[from_p].cumsum(axis=1)
+    return _sample_cumulative(cumulative, rng)  # u is scaled to each row's total
 
 
 def _emitted(draft_tokens, accepted, final):
-    """(B, gamma + 1) tokens: the accepted draft, then the final token, then -1 padding."""
+    """(B, gamma + 1) signed tokens: the accepted draft, the final token, then -1 padding."""
     batch, gamma = draft_tokens.shape
     tokens = np.full((batch, gamma + 1), -1, dtype=np.int64)
     kept = np.arange(gamma) < accepted[:, None]
-    tokens[:, :gamma] = np.where(kept, draft_tokens, -1)
+    tokens[:, :gamma] = np.where(kept, draft_tokens.astype(np.int64), -1)  # never 255
     tokens[np.arange(batch), accepted] = final
     return tokens
+
+
+_REAL_KINDS = "fiu"  # float, signed and unsigned integer dtypes; not bool, complex or object
+
+
+def _row_sums(weights):
+    """Σ over the last axis, (...,): einsum reads short rows far faster than sum(axis=-1)."""
+    return np.einsum("...v->...", weights)
+
+
+def _check_probs(probs, name):
+    """Raise unless probs (..., V) holds real, finite, non-negative rows summing to 1."""
+    if probs.dtype.kind not in _REAL_KINDS:
+        raise TypeError(f"{name} must hold real numbers (float or int), got dtype {probs.dtype}")
+    sums = _row_sums(probs)  # one read; a NaN or inf entry shows in its row's sum
+    if sums.size == 0:  # no rows at all
+        return
+    fine = sums.max() - 1 <= 1e-6 and 1 - sums.min() <= 1e-6  # False on NaN or inf
+    if fine and probs.min() >= 0:  # a second read: any negative entry
+        return
+    if not np.all(np.isfinite(probs)):
+        raise ValueError(f"{name} contains NaN or inf")
+    if np.any(probs < 0):
+        raise ValueError(f"{name} has negative entries")
+    raise ValueError(f"{name} has rows that do not sum to 1 (tolerance 1e-6)")
 
 
 def _check_batch(target_probs, draft_probs, draft_tokens):
@@ -488,14 +521,9 @@ def _check_batch(target_probs, draft_probs, draft_tokens):
             f"shapes do not match: target_probs {target_probs.shape}, draft_probs "
             f"{draft_probs.shape}, draft_tokens {draft_tokens.shape}"
         )
-    for name, probs in (("target_probs", target_probs), ("draft_probs", draft_probs)):
-        if not np.all(np.isfinite(probs)):
-            raise ValueError(f"{name} contains NaN or inf")
-        if np.any(probs < 0):
-            raise ValueError(f"{name} has negative entries")
-        if np.any(np.abs(probs.sum(axis=-1) - 1) > 1e-6):
-            raise ValueError(f"{name} has rows that do not sum to 1 (tolerance 1e-6)")
-    if not np.issubdtype(draft_tokens.dtype, np.integer):
+    _check_probs(target_probs, "target_probs")
+    _check_probs(draft_probs, "draft_probs")
+    if draft_tokens.dtype.kind not in "iu":
         raise ValueError(f"draft_tokens must be integers, got dtype {draft_tokens.dtype}")
     if draft_tokens.size and (draft_tokens.min() < 0 or draft_tokens.max() >= vocab):
         raise ValueError(f"draft_tokens must lie in [0, {vocab})")
@@ -510,16 +538,33 @@ def verify(target_probs, draft_probs, draft_tokens, rng):
     return _verify(target_probs, draft_probs, draft_tokens, rng, EXACT_RULE)
 
 
+def _rows_at(probs, positions):
+    """probs[b, positions[b]] for every b, (B, V): one flat take when probs is contiguous."""
+    batch, length, vocab = probs.shape
+    rows = np.arange(batch)
+    if not probs.flags.c_contiguous:  # e.g. a broadcast view: index it in place, no copy
+        return probs[rows, positions]
+    return np.take(probs.reshape(batch * length, vocab), rows * length + positions, axis=0)
+
+
+def _entries(probs, draft_tokens):
+    """probs[b, i, draft_tokens[b, i]] for i < gamma, (B, gamma): each drafted token's entry."""
+    batch, gamma = draft_tokens.shape
+    rows = np.arange(batch)[:, None]
+    if not probs.flags.c_contiguous:
+        return probs[rows, np.arange(gamma), draft_tokens]
+    length, vocab = probs.shape[1:]
+    return np.take(probs.reshape(-1), (rows * length + np.arange(gamma)) * vocab + draft_tokens)
+
+
 def _verify(target_probs, draft_probs, draft_tokens, rng, rule):
     """verify() without the checks, for any Rule."""
     batch, gamma = draft_tokens.shape
-    rows = np.arange(batch)
     seen = rule.seen_q(draft_probs)  # (B, gamma, V)
-    p_x = np.take_along_axis(target_probs[:, :gamma], draft_tokens[..., None], axis=2)[..., 0]
-    q_x = np.take_along_axis(seen, draft_tokens[..., None], axis=2)[..., 0]
+    p_x, q_x = _entries(target_probs, draft_tokens), _entries(seen, draft_tokens)  # (B, gamma)
     accepted = _accepted_count(rule.accept(p_x, q_x), _test_uniforms(rng, batch, gamma, rule))
-    p_n = target_probs[rows, accepted]  # (B, V): the target where the step ends
-    q_n = seen[rows, np.minimum(accepted, gamma - 1)] if gamma else p_n
+    p_n = _rows_at(target_probs, accepted)  # (B, V): the target where the step ends
+    q_n = _rows_at(seen, np.minimum(accepted, gamma - 1)) if gamma else p_n
     final = _final_token(p_n, q_n, accepted == gamma, rng, rule)
     return accepted, _emitted(draft_tokens, accepted, final)
 
@@ -1227,6 +1272,590 @@ def implied_cost(alpha, gamma, speedup):
     if gamma < 1 or speedup == 0:
         raise ValueError("gamma must be >= 1 and speedup > 0")
     return (expected_tokens(alpha, gamma) / speedup - 1) / gamma
+
+
+# --------------------------------------------------------------------------------------------
+# Sampling settings, the bugs real engines shipped, and an audit for any verifier (chapter 6)
+# --------------------------------------------------------------------------------------------
+# Rows are (N, V) arrays of floats or of Fractions (dtype=object); every step below works on
+# both, so the claims that need no irrational number are checked in exact arithmetic.
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Sampling settings, applied in engine order: penalty θ, temperature T, top-k, top-p."""
+
+    temperature: Real = 1
+    top_k: int | None = None
+    top_p: Real | None = None
+    penalty: Real = 1  # repetition penalty θ on tokens already in the prefix
+    greedy: bool = False  # one-hot at the first argmax after the penalty
+    bf16: bool = False  # the final law rounded to bfloat16 and renormalised (floats only)
+
+
+def _power(rows, exponent):
+    """rows ** exponent; an integer exponent keeps Fractions exact, any other gives floats."""
+    exponent = Fraction(exponent)
+    if exponent.denominator == 1 and rows.dtype == object:
+        return rows ** int(exponent)
+    return np.asarray(rows, float) ** float(exponent)
+
+
+def _keep_top(rows, keep_count):
+    """Zero all but the keep_count[n] largest entries of each row (ties: the lower token id)."""
+    order = np.argsort(-rows, axis=1, kind="stable")
+    rank = np.empty_like(order)
+    np.put_along_axis(rank, order, np.arange(rows.shape[1])[None, :], axis=1)
+    return np.where(rank < np.reshape(keep_count, (-1, 1)), rows, 0 * rows)
+
+
+def _top_p_count(rows, top_p):
+    """Per row, the fewest largest tokens whose mass reaches top_p of the row's total."""
+    ordered = -np.sort(-rows, axis=1)
+    mass = np.cumsum(ordered, axis=1)
+    below = mass < top_p * mass[:, -1:]  # tokens still needed after these
+    return 1 + np.count_nonzero(below, axis=1)
+
+
+def _bf16(rows):
+    """Round float rows to bfloat16 (8 significant bits, to nearest even), as float64."""
+    bits = np.asarray(rows, np.float32).view(np.uint32).astype(np.uint64)
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+    return rounded.astype(np.uint32).view(np.float32).astype(float)
+
+
+def process(rows, seen, settings):
+    """Processed law of each row (N, V), with seen (N, V) marking tokens already in the prefix.
+
+    Logits are log-probabilities (all ≤ 0), so the penalty's logit·θ is p^θ, and T gives p^(1/T).
+    """
+    inverse_t = 1 / as_fraction(settings.temperature)
+    weights = np.where(seen, _power(rows, settings.penalty * inverse_t), _power(rows, inverse_t))
+    if settings.greedy:
+        top = np.arange(rows.shape[1]) == weights.argmax(axis=1)[:, None]
+        weights = np.where(top, weights**0, 0 * weights)  # ones and zeros of the rows' type
+    if settings.top_k is not None:
+        weights = _keep_top(weights, np.full(len(rows), settings.top_k))
+    if settings.top_p is not None:
+        top_p = as_fraction(settings.top_p) if weights.dtype == object else settings.top_p
+        weights = _keep_top(weights, _top_p_count(weights, top_p))
+    law = weights / weights.sum(axis=1, keepdims=True)
+    return _bf16(law) / _bf16(law).sum(axis=1, keepdims=True) if settings.bf16 else law
+
+
+PROMPT = "to be or no"  # the context of every chapter 6 law; its tokens count for penalties
+
+
+def _check_prompt(prompt):
+    """Raise unless prompt is a non-empty string of the toy's tokens."""
+    if not isinstance(prompt, str) or not prompt or any(c not in TOKEN_INDEX for c in prompt):
+        raise ValueError(f"prompt must be a non-empty string of tokens from {''.join(VOCAB)!r}")
+
+
+def _prefixes(length):
+    """All V**length token sequences in base-V order, (V**length, length)."""
+    every = list(itertools.product(range(V), repeat=length))
+    return np.array(every, dtype=np.int64).reshape(V**length, length)
+
+
+def _seen(prefixes, prompt, upto):
+    """(N, V): True where a token occurs in the prompt or in the first `upto` prefix tokens."""
+    seen = np.zeros((len(prefixes), V), dtype=bool)
+    seen[:, sorted({TOKEN_INDEX[c] for c in prompt})] = True
+    for column in prefixes[:, :upto].T:
+        seen[np.arange(len(prefixes)), column] = True
+    return seen
+
+
+def _history_rows(prefixes, prompt, w, exact):
+    """Raw target and draft rows (N, V) after prompt + each prefix: the bigram of the last token."""
+    p, q = model_matrices(w, exact)
+    last = prefixes[:, -1] + 1 if prefixes.shape[1] else np.full(1, CONTEXT_INDEX[prompt[-1]])
+    return p[last], q[last]
+
+
+@dataclass(frozen=True)
+class RowRule:
+    """A verifier by rows: acceptance of every candidate token, and the law after rejecting x."""
+
+    name: str
+    accept: Callable = _ratio  # (p, q) rows (N, V) -> acceptance probabilities (N, V)
+    correction: Callable = lambda p, q, x: _residual_weights(p, q)  # weights (N, V)
+    per_token: bool = False  # the correction depends on the rejected token x (N,)
+
+    def law_after_rejection(self, p, q, miss):
+        """Σ_x miss[:, x] · correction law given x, (N, V); miss (N, V) = q(x)·(1 − accept(x))."""
+        if not self.per_token:
+            return miss.sum(axis=1, keepdims=True) * _normalise_or(self.correction(p, q, None), p)
+        total = 0 * p
+        for x in range(p.shape[1]):
+            law = _normalise_or(self.correction(p, q, np.full(len(p), x)), p)
+            total = total + miss[:, x : x + 1] * law
+        return total
+
+
+def _whole_row_accept(p, q):
+    """min(1, min_v p(v)/q(v)) over v with q(v) > 0, the same for every token of the row."""
+    ratio = np.where(q > 0, p / np.where(q > 0, q, 1), np.inf)
+    return np.broadcast_to(np.minimum(1, ratio.min(axis=1, keepdims=True)), p.shape)
+
+
+def _residual_at_token(p, q, x):
+    """p, with max(0, p − q) only at the rejected token x (N,)."""
+    rows = np.arange(len(p))
+    weights = p.copy()
+    weights[rows, x] = np.maximum(p[rows, x] - q[rows, x], 0)
+    return weights
+
+
+FLOAT32_TINY = Fraction(1, 2**126)  # torch.finfo(torch.float32).tiny
+
+
+def _tiny_clamped(p, q, x):
+    """max(p − q, tiny): the residual with every entry clamped to float32's smallest normal."""
+    tiny = FLOAT32_TINY if p.dtype == object else float(FLOAT32_TINY)
+    return np.maximum(p - q, tiny)
+
+
+ROW_EXACT = RowRule("Leviathan et al. (correct)")
+ROW_BUGS = {
+    "softmax residual": RowRule(
+        "softmax of the clamped residual",
+        correction=lambda p, q, x: np.exp(np.asarray(_residual_weights(p, q), float)),
+    ),
+    "residual at token": RowRule(
+        "draft mass subtracted only at the drafted token",
+        correction=_residual_at_token,
+        per_token=True,
+    ),
+    "whole-row test": RowRule("reject if any token has p < u·q", accept=_whole_row_accept),
+    "tiny clamp": RowRule("residual clamped to float32 tiny", correction=_tiny_clamped),
+    "correction from p": RowRule("on rejection, draw from p", correction=lambda p, q, x: p),
+}
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    """Who computes what: the user's settings, the draft's, and the rows the verifier is given."""
+
+    name: str
+    target: Settings = Settings()  # the user's settings: the output must follow this p'
+    draft: Settings = Settings()  # the settings the draft samples with
+    ratio_target: Settings | None = None  # the p the verifier gets (None: the user's p')
+    ratio_draft: Settings | None = None  # the q of ratio and residual (None: the sampled q')
+    rule: RowRule = ROW_EXACT
+    stale: bool = False  # the verified rows' penalties use the prefix at the step's start
+
+    def rows(self, prefixes, start, prompt, w, exact):
+        """(p the verifier uses, q the draft samples, q the verifier uses), each (N, V)."""
+        p, q = _history_rows(prefixes, prompt, w, exact)
+        fresh = _seen(prefixes, prompt, prefixes.shape[1])
+        stale = _seen(prefixes, prompt, start) if self.stale else fresh
+        q_draw = process(q, fresh, self.draft)
+        q_seen = q_draw if self.ratio_draft is None else process(q, fresh, self.ratio_draft)
+        return process(p, stale, self.ratio_target or self.target), q_draw, q_seen
+
+
+def processed_target_law(k, settings, prompt=PROMPT, exact=True):
+    """The law p' of the next k tokens (V**k,) in base-V order: settings applied at each prefix."""
+    _check_count(k, "k")
+    _check_prompt(prompt)
+    law = np.array([Fraction(1) if exact else 1.0], dtype=object if exact else float)
+    for length in range(k):
+        prefixes = _prefixes(length)
+        p, _ = _history_rows(prefixes, prompt, 0, exact)
+        law = (law[:, None] * process(p, _seen(prefixes, prompt, length), settings)).ravel()
+    return law
+
+
+def pipeline_law(k, gamma, w, pipeline, prompt=PROMPT, exact=True):
+    """Law (V**k,) of the first k tokens a pipeline emits, every path enumerated, and the
+    expected tokens of its first step (complete when k > gamma).
+
+    reach[j] holds, per prefix, the chance that the step begun at length j has kept every draft
+    up to that prefix; reach[length] is a step boundary.
+    """
+    _check_count(k, "k")
+    _check_step_args(BOS, gamma, w)
+    _check_prompt(prompt)
+    reach = {0: np.array([Fraction(1) if exact else 1.0], dtype=object if exact else float)}
+    first_step = reach[0][0]
+    for length in range(k):
+        prefixes, ends = _prefixes(length), 0
+        for start, mass in list(reach.items()):
+            p, q_draw, q_seen = pipeline.rows(prefixes, start, prompt, w, exact)
+            if length - start == gamma:  # every draft kept: the bonus token from p
+                ends = ends + (mass[:, None] * p).ravel()
+                del reach[start]
+                continue
+            accept = pipeline.rule.accept(p, q_seen)
+            reach[start] = (mass[:, None] * q_draw * accept).ravel()
+            first_step += reach[start].sum() if start == 0 else 0
+            miss = q_draw * (1 - accept)  # (N, V): drafted x, then rejected
+            ends = (
+                ends + (mass[:, None] * pipeline.rule.law_after_rejection(p, q_seen, miss)).ravel()
+            )
+        reach[length + 1] = ends
+    return sum(reach.values()), first_step
+
+
+def law_total_variation(law, reference):
+    """½·Σ|law − reference| over aligned outcome arrays (exact for Fractions)."""
+    return sum(abs(a - b) for a, b in zip(law, reference)) / 2
+
+
+@functools.lru_cache(maxsize=256)
+def noncentrality_needed(df, level, power):
+    """λ at which Pearson's test on df degrees of freedom at `level` rejects w.p. `power`."""
+    critical = stats.chi2.isf(level, df)
+    return float(optimize.brentq(lambda lam: stats.ncx2.sf(critical, df, lam) - power, 1e-9, 1e7))
+
+
+def samples_to_detect(law, reference, level=1e-3, power=0.8):
+    """Draws a chi-square test of reference needs to reject law w.p. power: (n, reason).
+
+    On the reference's support, n = λ / Σ (law − ref)² / ref (noncentral chi-square); a draw
+    the reference forbids fails at once, which takes log(1 − power) / log(1 − forbidden mass).
+    """
+    law, reference = np.asarray(law, float), np.asarray(reference, float)
+    support = reference > 0
+    drift = float(((law - reference)[support] ** 2 / reference[support]).sum())
+    forbidden = float(law[~support].sum())
+    cells = int(support.sum())
+    lam = noncentrality_needed(cells - 1, level, power) if cells > 1 else np.inf
+    by_chi = lam / drift if drift > 0 else np.inf
+    by_forbidden = max(1.0, np.log1p(-power) / np.log1p(-forbidden)) if forbidden > 0 else np.inf
+    if by_forbidden < by_chi:
+        return float(np.ceil(by_forbidden)), "a forbidden outcome"
+    return float(np.ceil(max(by_chi, 1.0))), "chi-square"
+
+
+def rule_verifier(rule):
+    """A verify_fn that runs a RowRule on a batch, with verify()'s checks and interface."""
+
+    def verify_fn(target_probs, draft_probs, draft_tokens, rng):
+        """Speculative verification of a batch under the rule; (accepted, tokens)."""
+        target_probs, draft_probs = np.asarray(target_probs), np.asarray(draft_probs)
+        draft_tokens = np.asarray(draft_tokens)
+        _check_batch(target_probs, draft_probs, draft_tokens)
+        _check_rng(rng)
+        batch, gamma = draft_tokens.shape
+        vocab = target_probs.shape[2]
+        p, q = target_probs[:, :gamma].reshape(-1, vocab), draft_probs.reshape(-1, vocab)
+        accept = np.asarray(rule.accept(p, q)).reshape(batch, gamma, vocab)
+        accept_x = _entries(np.ascontiguousarray(accept), draft_tokens)  # (B, gamma)
+        accepted = _accepted_count(accept_x, rng.random((batch, gamma)))
+        last = np.minimum(accepted, gamma - 1)
+        p_n = _rows_at(target_probs, accepted)  # (B, V)
+        q_n = _rows_at(draft_probs, last) if gamma else p_n
+        x_n = draft_tokens[np.arange(batch), last] if gamma else np.zeros(batch, int)
+        law = np.where((accepted == gamma)[:, None], p_n, rule.correction(p_n, q_n, x_n))
+        empty = _row_sums(law) <= 0  # the rule's law is p where its correction has no mass
+        law[empty] = p_n[empty]
+        return accepted, _emitted(draft_tokens, accepted, _sample_rows(law, rng))
+
+    verify_fn.__name__ = verify_fn.__qualname__ = f"rule_verifier({rule.name!r})"
+    return verify_fn
+
+
+def greedy_target_verifier(target_probs, draft_probs, draft_tokens, rng):
+    """verify() given the target's argmax as a one-hot p: argmax verification at T > 0."""
+    target_probs = np.asarray(target_probs)
+    if target_probs.ndim != 3:
+        raise ValueError("need target_probs (B, gamma+1, V)")
+    one_hot = np.arange(target_probs.shape[2]) == target_probs.argmax(axis=2)[..., None]
+    return verify(one_hot.astype(float), draft_probs, draft_tokens, rng)
+
+
+AUDIT_LEVEL = 1e-3  # chance that the whole audit fails an exact verifier
+AUDIT_TV = 0.02  # a verifier whose law is this far off in one scenario ...
+AUDIT_POWER = 0.99  # ... fails that scenario with at least this probability
+AUDIT_MIN_EXPECTED = 5  # cells expecting fewer draws are pooled into one
+AUDIT_SEED = 2026  # the scenarios' models are fixed; audit_verifier's seed drives the draws
+
+
+USER_SETTINGS = Settings(temperature=Fraction(1, 2), top_k=8, top_p=Fraction(9, 10), penalty=2)
+SETTINGS_W = Fraction(3, 10)  # the draft weight of chapter 6
+
+
+def bug_pipelines(user=USER_SETTINGS):
+    """The real bugs of chapter 6, each a change of p, q or the rule: {label: Pipeline}."""
+    argmax = replace(user, greedy=True)
+    return {
+        "argmax draft, softmax q": Pipeline("argmax draft, softmax q", user, argmax, None, user),
+        "raw q in the ratio": Pipeline("raw q in the ratio", user, user, None, Settings()),
+        "unprocessed target": Pipeline("unprocessed target", user, user, Settings()),
+        "argmax target at T > 0": Pipeline("argmax target at T > 0", user, user, argmax),
+        "bf16 draft, fp32 ratio": Pipeline(
+            "bf16 draft, fp32 ratio", user, replace(user, bf16=True), None, user
+        ),
+        "stale penalty prefix": Pipeline("stale penalty prefix", user, user, stale=True),
+    } | {key: Pipeline(rule.name, user, user, rule=rule) for key, rule in ROW_BUGS.items()}
+
+
+EXACT_IN_FRACTIONS = ("softmax residual", "bf16 draft, fp32 ratio")  # the float-only bugs
+
+
+def _outcome(code, k):
+    """The k-token string of a base-V code, spaces shown as '␣'."""
+    return "".join(show_token(VOCAB[code // V ** (k - 1 - i) % V]) for i in range(k))
+
+
+def bug_rows(k=3, gamma=2, w=SETTINGS_W, level=1e-3, power=0.8):
+    """Per bug: exact TV of k tokens from p', the most over- and under-made outcome, and the
+    draws a chi-square test at `level` needs for `power` (floats; see tiny_clamp_row)."""
+    reference = processed_target_law(k, USER_SETTINGS, exact=False)
+    rows = []
+    for key, pipeline in bug_pipelines().items():
+        if key == "tiny clamp":
+            continue
+        law = np.asarray(pipeline_law(k, gamma, w, pipeline, exact=False)[0], float)
+        n, reason = samples_to_detect(law, reference, level, power)
+        gap = law - reference
+        rows.append(
+            {
+                "bug": key,
+                "TV": law_total_variation(law, reference),
+                "too often": f"{_outcome(int(gap.argmax()), k)} ({gap.max():+.2g})",
+                "too rarely": f"{_outcome(int(gap.argmin()), k)} ({gap.min():+.2g})",
+                "draws to catch": n,
+                "caught by": reason,
+            }
+        )
+    return rows
+
+
+def tiny_clamp_row(k=2, gamma=2, w=SETTINGS_W):
+    """The finfo.tiny clamp in Fractions: exact TV of k tokens, and the bound k·V·tiny/min Z."""
+    reference = processed_target_law(k, USER_SETTINGS)
+    law, _ = pipeline_law(k, gamma, w, bug_pipelines()["tiny clamp"])
+    return law_total_variation(law, reference), law, reference
+
+
+class Scenario(NamedTuple):
+    """A small model: row [i, prev] is the law at position i after token prev (prev 0 at i = 0)."""
+
+    name: str
+    target: np.ndarray  # (gamma + 1, V, V)
+    draft: np.ndarray  # (gamma, V, V)
+
+
+def _dirichlet(rng, shape, support=None):
+    """Random rows (..., V) from a flat Dirichlet; zero outside the boolean support (..., V)."""
+    rows = rng.dirichlet(np.ones(shape[-1]), size=shape[:-1])
+    if support is not None:
+        rows = np.where(support, rows + 0.05, 0)
+        rows /= rows.sum(axis=-1, keepdims=True)
+    return rows
+
+
+def _sparse_support(rng, shape, keep):
+    """A random boolean support (..., V) with `keep` tokens in each row."""
+    order = rng.random(shape).argsort(axis=-1)
+    return order < keep
+
+
+def _one_hot(rng, shape):
+    """Random one-hot rows (..., V)."""
+    return (np.arange(shape[-1]) == rng.integers(shape[-1], size=shape[:-1])[..., None]) * 1.0
+
+
+@functools.cache
+def audit_scenarios():
+    """The fixed adversarial scenarios of audit_verifier, built from AUDIT_SEED."""
+    rng = np.random.default_rng(AUDIT_SEED)
+    binary_p, binary_q = np.array([1 / 3, 2 / 3]), np.array([2 / 3, 1 / 3])
+    p3 = _dirichlet(rng, (3, 5, 5))
+    return [
+        Scenario(
+            "random rows, V = 4, γ = 3", _dirichlet(rng, (4, 4, 4)), _dirichlet(rng, (3, 4, 4))
+        ),
+        Scenario(
+            "zeros in p and q, V = 6, γ = 2",
+            _dirichlet(rng, (3, 6, 6), _sparse_support(rng, (3, 6, 6), 3)),
+            _dirichlet(rng, (2, 6, 6), _sparse_support(rng, (2, 6, 6), 3)),
+        ),
+        Scenario("p = q, V = 5, γ = 2", p3, p3[:2]),
+        Scenario("one-hot p, V = 8, γ = 2", _one_hot(rng, (3, 8, 8)), _dirichlet(rng, (2, 8, 8))),
+        Scenario("one-hot q, V = 4, γ = 3", _dirichlet(rng, (4, 4, 4)), _one_hot(rng, (3, 4, 4))),
+        Scenario(
+            "disjoint supports, V = 6, γ = 2",
+            _dirichlet(rng, (3, 6, 6), np.arange(6) < 3),
+            _dirichlet(rng, (2, 6, 6), np.arange(6) >= 3),
+        ),
+        Scenario("γ = 5, V = 2", _dirichlet(rng, (6, 2, 2)), _dirichlet(rng, (5, 2, 2))),
+        Scenario(
+            "γ = 1, V = 50, 6 tokens per row",
+            _dirichlet(rng, (2, 50, 50), _sparse_support(rng, (2, 50, 50), 6)),
+            _dirichlet(rng, (1, 50, 50), _sparse_support(rng, (1, 50, 50), 6)),
+        ),
+        Scenario(
+            "Sun et al.'s binary example, γ = 2",
+            np.broadcast_to(binary_p, (3, 2, 2)),
+            np.broadcast_to(binary_q, (2, 2, 2)),
+        ),
+    ]
+
+
+def scenario_law(scenario):
+    """The target's exact joint law of gamma + 1 tokens, (V**(gamma+1),) in base-V order."""
+    vocab = scenario.target.shape[1]
+    law, last = np.ones(1), np.zeros(1, dtype=np.int64)
+    for rows in scenario.target:  # (V, V) for this position
+        law = (law[:, None] * rows[last]).ravel()
+        last = np.tile(np.arange(vocab), len(last))
+    return law
+
+
+def audit_draws(law, level, tv=AUDIT_TV, power=AUDIT_POWER):
+    """Draws that fail a law off by TV ≥ tv w.p. ≥ power, and the pooled cells' mass.
+
+    Cauchy–Schwarz: Σ (a − b)² / b ≥ (Σ |a − b|)² = 4·TV², so λ ≥ 4·n·TV² for every
+    alternative. Pooling cells of mass m can hide at most m of the TV, so size for tv − m.
+    """
+    cells = int((law > 0).sum())
+    lam = noncentrality_needed(max(cells - 1, 1), level, power)
+    n = lam / (4 * tv**2)
+    pooled = float(law[(law > 0) & (n * law < AUDIT_MIN_EXPECTED)].sum())
+    n_forbidden = np.log1p(-power) / np.log1p(-tv)  # an alternative with its TV all forbidden
+    return int(np.ceil(max(lam / (4 * (tv - pooled) ** 2), n_forbidden))), pooled
+
+
+@functools.lru_cache(maxsize=64)
+def _samplers(scenario_index):
+    """Alias samplers of the scenario's draft and target tables, one per position."""
+    scenario = audit_scenarios()[scenario_index]
+    return [RowSampler(rows) for rows in scenario.draft], [RowSampler(r) for r in scenario.target]
+
+
+def _scenario_batch(index, n, rng):
+    """Drafts (n, gamma) from q, and the target (n, gamma+1, V) and draft rows along them."""
+    scenario, (draft_samplers, _) = audit_scenarios()[index], _samplers(index)
+    gamma, vocab = scenario.draft.shape[:2]
+    path = np.zeros((n, gamma + 1), dtype=np.int64)  # the token before each position
+    for i in range(gamma):
+        path[:, i + 1] = draft_samplers[i](path[:, i], rng.random(n))
+    rows = path + vocab * np.arange(gamma + 1)  # row i·V + prev of the stacked tables
+    target_rows = np.take(scenario.target.reshape(-1, vocab), rows, axis=0)
+    draft_rows = np.take(scenario.draft.reshape(-1, vocab), rows[:, :gamma], axis=0)
+    return target_rows, draft_rows, path[:, 1:].copy()
+
+
+def _output_problem(result, drafts, vocab):
+    """What is wrong with a verify_fn result, or None; then (accepted, tokens) as int64."""
+    n, gamma = drafts.shape
+    if not isinstance(result, tuple) or len(result) != 2:
+        return "did not return a pair (accepted, tokens)", None, None
+    accepted, tokens = np.asarray(result[0]), np.asarray(result[1])
+    if accepted.shape != (n,) or tokens.shape != (n, gamma + 1):
+        return (
+            f"returned shapes {accepted.shape}, {tokens.shape}; need {(n,)}, {(n, gamma + 1)}",
+            None,
+            None,
+        )
+    if accepted.dtype.kind not in "iu" or tokens.dtype.kind not in "iu":
+        return f"returned dtypes {accepted.dtype}, {tokens.dtype}; need integers", None, None
+    accepted, tokens = accepted.astype(np.int64), tokens.astype(np.int64)
+    if accepted.min() < 0 or accepted.max() > gamma:
+        return f"accepted outside [0, {gamma}]", None, None
+    kept = np.arange(gamma) < accepted[:, None]
+    if np.any(tokens[:, :gamma][kept] != drafts[kept]):
+        return "tokens[:accepted] differ from the drafts", None, None
+    final = tokens[np.arange(n), accepted]
+    if final.min() < 0 or final.max() >= vocab:
+        return f"emitted an impossible token (outside [0, {vocab}))", None, None
+    if np.any(tokens[np.arange(gamma + 1) > accepted[:, None]] != -1):
+        return "tokens after the final one are not -1", None, None
+    return None, accepted, tokens
+
+
+def _completed_codes(index, accepted, tokens, rng):
+    """Complete each step to gamma + 1 tokens with fresh target draws; base-V codes (n,)."""
+    target_samplers = _samplers(index)[1]
+    vocab = target_samplers[0].vocab
+    codes = tokens[:, 0].copy()
+    for j in range(1, tokens.shape[1]):
+        fresh = target_samplers[j](tokens[:, j - 1], rng.random(len(tokens)))
+        tokens[:, j] = np.where(j > accepted, fresh, tokens[:, j])
+        codes = codes * vocab + tokens[:, j]
+    return codes
+
+
+def _pearson_pooled(counts, law):
+    """Pearson's statistic with cells expecting < AUDIT_MIN_EXPECTED pooled: (stat, df)."""
+    n = counts.sum()
+    expected = n * law
+    big = expected >= AUDIT_MIN_EXPECTED
+    observed = np.append(counts[big], counts[(law > 0) & ~big].sum())
+    expected = np.append(expected[big], expected[(law > 0) & ~big].sum())
+    keep = expected > 0
+    stat = float(((observed[keep] - expected[keep]) ** 2 / expected[keep]).sum())
+    return stat, int(keep.sum()) - 1
+
+
+def _audit_row(verify_fn, index, level, rng):
+    """One scenario: draw, verify, check the output, complete, test. A dict for the table."""
+    scenario = audit_scenarios()[index]
+    law = scenario_law(scenario)
+    n, pooled = audit_draws(law, level)
+    row = {"scenario": scenario.name, "draws": n, "statistic": np.nan, "critical": np.nan}
+    target_rows, draft_rows, drafts = _scenario_batch(index, n, rng)
+    try:
+        result = verify_fn(target_rows, draft_rows, drafts.copy(), rng)
+    except Exception as error:  # the audit reports any failure of the verifier, never crashes
+        return row | {"passed": False, "finding": f"raised {type(error).__name__}: {error}"}
+    problem, accepted, tokens = _output_problem(result, drafts, target_rows.shape[2])
+    if problem:
+        return row | {"passed": False, "finding": problem}
+    counts = np.bincount(_completed_codes(index, accepted, tokens, rng), minlength=law.size)
+    if counts[law == 0].sum():
+        return row | {
+            "passed": False,
+            "finding": f"{counts[law == 0].sum()} outcomes of probability 0",
+        }
+    stat, df = _pearson_pooled(counts, law)
+    critical = float(stats.chi2.isf(level, df)) if df > 0 else np.inf
+    verdict = "law matches" if stat <= critical else "law differs from the target's"
+    return row | {
+        "statistic": stat,
+        "critical": critical,
+        "passed": stat <= critical,
+        "finding": verdict,
+    }
+
+
+class AuditReport(NamedTuple):
+    """audit_verifier's answer: passed only if every scenario passed; one table row each."""
+
+    passed: bool
+    table: pd.DataFrame
+
+
+def audit_verifier(verify_fn, seed=0):
+    """Run verify_fn on every audit scenario and test the law of what it emits (AuditReport).
+
+    Each scenario tests at AUDIT_LEVEL / #scenarios (Bonferroni), so an exact verifier fails the
+    audit with probability ≤ AUDIT_LEVEL; a law off by TV ≥ AUDIT_TV in a scenario fails it
+    with probability ≥ AUDIT_POWER (noncentral chi-square, the Cauchy–Schwarz bound).
+    """
+    if not callable(verify_fn):
+        raise TypeError(f"verify_fn must be callable, got {type(verify_fn).__name__}")
+    _check_count(seed, "seed")
+    rng = np.random.default_rng(seed)
+    scenarios = audit_scenarios()
+    level = AUDIT_LEVEL / len(scenarios)
+    rows = []
+    for index, scenario in enumerate(scenarios):
+        try:
+            rows.append(_audit_row(verify_fn, index, level, rng))
+        except Exception as error:  # e.g. a verifier that broke the generator it was handed
+            rows.append(
+                {"scenario": scenario.name, "passed": False, "finding": f"audit stopped: {error!r}"}
+            )
+    table = pd.DataFrame(
+        rows, columns=["scenario", "draws", "statistic", "critical", "passed", "finding"]
+    )
+    return AuditReport(bool(table["passed"].all()), table)
 
 
 # --------------------------------------------------------------------------------------------
@@ -2598,6 +3227,34 @@ def widget_panel():
     )
 
 
+def plot_bug_power(rows):
+    """Each bug's exact TV (top) and the draws a chi-square test needs (bottom), log scales."""
+    fig, (top, bottom) = _new_figure(nrows=2, figsize=(6.4, 8.4))
+    rows = sorted(rows, key=lambda r: r["TV"])
+    y = np.arange(len(rows))
+    chi = np.array([r["caught by"] == "chi-square" for r in rows])
+    for ax, key, label, title in (
+        (top, "TV", "exact TV from p′ (three tokens)", "How far each bug moves the law"),
+        (bottom, "draws to catch", "draws for 80 % power at level 1e-3", "What a test needs"),
+    ):
+        values = np.array([r[key] for r in rows])
+        ax.hlines(y, values.min() / 3, values, color="0.8", linewidth=1)
+        ax.scatter(values[chi], y[chi], marker="o", s=60, label="caught by chi-square")
+        ax.scatter(
+            values[~chi],
+            y[~chi],
+            marker="s",
+            s=60,
+            color=OKABE_ITO[3],
+            label="caught by a forbidden outcome",
+        )
+        ax.set(xscale="log", xlabel=label, ylabel="bug", title=title)
+        ax.set_yticks(y, [r["bug"] for r in rows])
+    bottom.legend(loc="upper right")
+    fig.tight_layout()
+    return fig
+
+
 # Every figure of the book, by name: `make figures` writes each one to figures/.
 FIGURES = {
     "ch1-target-heatmap": plot_target_heatmap,
@@ -2630,6 +3287,7 @@ FIGURES = {
     "ch5-fig4-operations": plot_operations_increase,
     "ch5-real-pairs": plot_real_pairs,
     "ch5-panel": plot_panel,
+    "ch6-bug-power": lambda: plot_bug_power(bug_rows()),
     "ch7-multi-draft": lambda: plot_multi_draft_acceptance(multi_draft_rows(), pair_optima()),
     "ch7-block-gains": lambda: plot_block_gains(random_pair_gains(RANDOM_PAIRS)),
     "ch7-block-tokens": lambda: plot_block_tokens_vs_w(block_sweep()),

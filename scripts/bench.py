@@ -87,6 +87,27 @@ CONTROLS = (
     ],
 )
 RNG = np.random.default_rng(0)
+VERIFY_SHAPES = [(200_000, 4, 18), (64, 5, 32_000)]  # (B, gamma, V): the toy's and an engine's
+
+
+def verify_batch(batch, gamma, vocab):
+    """Random target and draft rows (Dirichlet) and drafts from the draft rows, seeded."""
+    rng = np.random.default_rng(0)
+    target = rng.dirichlet(np.ones(vocab), size=(batch, gamma + 1))
+    draft = rng.dirichlet(np.ones(vocab), size=(batch, gamma))
+    tokens = sc._sample_rows(draft.reshape(-1, vocab), rng).reshape(batch, gamma)
+    return target, draft, tokens
+
+
+def verify_rows():
+    """verify() with all its checks against one read of its inputs, at each shape."""
+    print(f"\n{'verify at (B, gamma, V)':34} {'verify s':>10} {'read s':>8} {'ratio':>7}")
+    for shape in VERIFY_SHAPES:
+        target, draft, tokens = verify_batch(*shape)
+        fast = seconds(lambda t=target, d=draft, x=tokens: sc.verify(t, d, x, RNG))
+        floor = seconds(lambda t=target, d=draft: (t.sum(), d.sum()))  # one pass over the inputs
+        name = "B = {:,}, gamma = {}, V = {:,}".format(*shape)
+        print(f"{name:34} {fast:>10.4f} {floor:>8.4f} {fast / floor:>7.1f}")
 
 
 def line(name, draws, literal, fast, floor):
@@ -102,18 +123,9 @@ def line(name, draws, literal, fast, floor):
     return f"{name:34} " + " ".join(cells)
 
 
-def verifier_batch(batch=100_000, gamma=4, vocab=32, seed=0):
-    """A batch for the verifiers: target (B, gamma + 1, V), draft (B, gamma, V), tokens."""
-    rng = np.random.default_rng(seed)
-    target = rng.dirichlet(np.ones(vocab), size=(batch, gamma + 1))
-    draft = rng.dirichlet(np.ones(vocab), size=(batch, gamma))
-    tokens = (draft.cumsum(axis=2) < rng.random((batch, gamma, 1))).sum(axis=2)
-    return target, draft, np.minimum(tokens, vocab - 1)
-
-
 def verifier_rows():
     """verify and block_verify on the same batch, each against its floor."""
-    arrays = verifier_batch()
+    arrays = verify_batch(100_000, 4, 32)
     batch, gamma = arrays[2].shape
     read = seconds(lambda: [a.sum() for a in arrays])  # one read of the inputs
     print(f"\nverifiers, B = {batch:,}, gamma = {gamma}, V = {arrays[0].shape[2]}")
@@ -155,6 +167,7 @@ def main():
             totals[2] + controls[1],
         )
     )
+    verify_rows()
     verifier_rows()
 
 

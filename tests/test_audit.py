@@ -1,0 +1,248 @@
+"""Chapter 6: sampling settings exactly, the bugs' exact laws, the power formula, the audit."""
+
+from fractions import Fraction
+
+import numpy as np
+import pytest
+
+import specdec_core as sc
+
+S = sc.USER_SETTINGS
+W = sc.SETTINGS_W
+
+
+# ---- sampling settings, exactly (Fractions) -------------------------------------------------
+
+
+@pytest.mark.parametrize("gamma", [1, 2])
+def test_processed_target_is_the_output_law_exactly(gamma):
+    reference = sc.processed_target_law(2, S)
+    law, _ = sc.pipeline_law(2, gamma, W, sc.Pipeline("correct", S, S))
+    assert sum(reference) == 1 and sc.law_total_variation(law, reference) == 0
+    # negative control: the same enumeration sees a raw-q ratio as a different law
+    broken, _ = sc.pipeline_law(2, gamma, W, sc.bug_pipelines()["raw q in the ratio"])
+    assert sc.law_total_variation(broken, reference) > Fraction(1, 100)
+
+
+def test_draft_settings_change_acceptance_never_the_law():
+    reference = sc.processed_target_law(2, S)
+    kept = []
+    for t in (Fraction(1, 3), Fraction(1)):
+        law, first_step = sc.pipeline_law(
+            2, 1, W, sc.Pipeline("d", S, sc.replace(S, temperature=t))
+        )
+        assert sc.law_total_variation(law, reference) == 0
+        kept.append(first_step)
+    assert kept[0] != kept[1]
+
+
+def test_greedy_draft_is_exact_when_reported_one_hot_and_not_as_softmax():
+    reference = sc.processed_target_law(2, S)
+    greedy = sc.replace(S, greedy=True)
+    law, _ = sc.pipeline_law(2, 1, W, sc.Pipeline("one-hot", S, greedy))
+    assert sc.law_total_variation(law, reference) == 0
+    wrong, _ = sc.pipeline_law(2, 1, W, sc.Pipeline("softmax q", S, greedy, None, S))
+    assert sc.law_total_variation(wrong, reference) > Fraction(1, 10)
+
+
+def test_processing_steps():
+    rows = np.array(
+        [[Fraction(1, 2), Fraction(1, 4), Fraction(1, 8), Fraction(1, 8)]], dtype=object
+    )
+    seen = np.array([[True, False, False, False]])
+    out = sc.process(rows, seen, sc.Settings(penalty=2))  # (1/4, 1/4, 1/8, 1/8) renormalised
+    assert list(out[0]) == [Fraction(1, 3), Fraction(1, 3), Fraction(1, 6), Fraction(1, 6)]
+    top2 = sc.process(rows, ~seen & False, sc.Settings(top_k=2))
+    assert list(top2[0]) == [Fraction(2, 3), Fraction(1, 3), 0, 0]
+    top_p = sc.process(rows, ~seen & False, sc.Settings(top_p=Fraction(3, 4)))
+    assert list(top_p[0]) == [Fraction(2, 3), Fraction(1, 3), 0, 0]
+    cold = sc.process(rows, ~seen & False, sc.Settings(temperature=Fraction(1, 2)))
+    assert cold[0, 0] == Fraction(16, 22)
+
+
+@pytest.mark.parametrize("key", [k for k in sc.bug_pipelines() if k not in sc.EXACT_IN_FRACTIONS])
+def test_floats_agree_with_fractions_on_two_tokens(key):
+    pipeline = sc.bug_pipelines()[key]
+    exact = np.asarray(sc.pipeline_law(2, 2, W, pipeline)[0], float)
+    floats = sc.pipeline_law(2, 2, float(W), pipeline, exact=False)[0]
+    assert np.abs(exact - floats).max() < 1e-12
+
+
+# ---- each bug's exact TV ----------------------------------------------------------------------
+
+EXPECTED_TV = {  # three tokens, gamma = 2, floats; pinned so a change to a bug's model shows
+    "argmax draft, softmax q": 0.698,
+    "raw q in the ratio": 0.443,
+    "unprocessed target": 0.944,
+    "argmax target at T > 0": 0.998,
+    "bf16 draft, fp32 ratio": 5.45e-4,
+    "stale penalty prefix": 0.158,
+    "softmax residual": 0.571,
+    "residual at token": 0.230,
+    "whole-row test": 0.588,
+    "correction from p": 0.255,
+}
+
+
+def test_each_bug_has_its_exact_tv():
+    rows = {r["bug"]: r for r in sc.bug_rows()}
+    assert set(rows) == set(EXPECTED_TV)
+    for key, tv in EXPECTED_TV.items():
+        assert rows[key]["TV"] == pytest.approx(tv, rel=2e-3), key
+        assert rows[key]["draws to catch"] >= 1
+
+
+def test_tiny_clamp_is_off_by_less_than_its_bound_and_only_on_forbidden_outcomes():
+    tv, law, reference = sc.tiny_clamp_row()
+    assert 0 < tv < Fraction(2 * sc.V) * sc.FLOAT32_TINY / Fraction(1, 100)
+    forbidden = sum(a for a, b in zip(law, reference) if b == 0)
+    assert 0 < forbidden <= tv  # some of the error lands on tokens top-k removed
+
+
+# ---- the power formula against a simulation ------------------------------------------------
+
+
+def test_samples_to_detect_matches_a_simulation():
+    reference = np.array([0.4, 0.3, 0.2, 0.1])
+    law = np.array([0.36, 0.3, 0.22, 0.12])
+    n, reason = sc.samples_to_detect(law, reference)
+    assert reason == "chi-square"
+    rng = np.random.default_rng(7)
+    counts = rng.multinomial(int(n), law, size=4000)
+    critical = sc.stats.chi2.isf(1e-3, 3)
+    stat = ((counts - n * reference) ** 2 / (n * reference)).sum(axis=1)
+    power = (stat > critical).mean()
+    # 4000 trials: SE of a proportion near 0.8 is 0.0063; 4 SE band, plus 0.03 for the
+    # chi-square approximation at finite n
+    assert abs(power - 0.8) < 4 * 0.0063 + 0.03
+    # negative control: at a quarter of n the same test has far less power
+    weak = (
+        (rng.multinomial(int(n) // 4, law, size=4000) - n / 4 * reference) ** 2
+        / (n / 4 * reference)
+    ).sum(axis=1)
+    assert (weak > critical).mean() < 0.5
+
+
+def test_cauchy_schwarz_sizing_bounds_every_alternative():
+    law = sc.scenario_law(sc.audit_scenarios()[0])
+    n, pooled = sc.audit_draws(law, 1e-3 / 9)
+    rng = np.random.default_rng(3)
+    for _ in range(20):  # random alternatives at TV exactly 0.02
+        other = rng.dirichlet(np.ones(law.size))
+        alternative = law + 0.02 * (other - law) / sc.total_variation(other, law)
+        drift = ((alternative - law) ** 2 / law).sum()
+        assert n * drift >= 4 * n * 0.02**2 * (1 - 1e-9)
+
+
+# ---- the audit ----------------------------------------------------------------------------
+
+
+def verify_by_exponential_race(target_probs, draft_probs, draft_tokens, rng):
+    """A correct verifier written differently: position-major uniforms, exponential race."""
+    batch, gamma = draft_tokens.shape
+    rows = np.arange(batch)
+    accepted = np.full(batch, gamma)
+    alive = np.ones(batch, dtype=bool)
+    for i in range(gamma):
+        x = draft_tokens[:, i]
+        p, q = target_probs[rows, i, x], draft_probs[rows, i, x]
+        fail = alive & (rng.random(batch) * q > p)  # reject w.p. 1 − min(1, p/q)
+        accepted[fail] = i
+        alive &= ~fail
+    p_n = target_probs[rows, accepted]
+    q_n = draft_probs[rows, np.minimum(accepted, gamma - 1)]
+    residual = np.where((accepted == gamma)[:, None], p_n, np.maximum(p_n - q_n, 0))
+    final = np.argmax(residual / rng.exponential(size=residual.shape), axis=1)
+    tokens = np.full((batch, gamma + 1), -1)
+    for i in range(gamma):
+        tokens[accepted > i, i] = draft_tokens[accepted > i, i]
+    tokens[rows, accepted] = final
+    return accepted, tokens
+
+
+@pytest.mark.parametrize(
+    "verify_fn", [sc.verify, verify_by_exponential_race, sc.rule_verifier(sc.ROW_EXACT)]
+)
+def test_correct_verifiers_pass(verify_fn):
+    report = sc.audit_verifier(verify_fn, seed=1)
+    assert report.passed, report.table
+
+
+@pytest.mark.parametrize(
+    "verify_fn",
+    [sc.rule_verifier(sc.ROW_BUGS[k]) for k in sc.ROW_BUGS if k != "tiny clamp"]
+    + [sc.greedy_target_verifier],
+)
+def test_broken_verifiers_fail(verify_fn):
+    report = sc.audit_verifier(verify_fn, seed=1)
+    assert not report.passed
+    assert (~report.table["passed"]).sum() >= 1
+
+
+def test_verifier_that_raises_or_misshapes_fails_with_a_message():
+    raising = sc.audit_verifier(lambda *args: 1 / 0)
+    assert not raising.passed and raising.table["finding"].str.contains("ZeroDivision").all()
+    wrong_shape = sc.audit_verifier(lambda t, d, x, r: (np.zeros(3, int), x))
+    assert wrong_shape.table["finding"].str.contains("shapes").all()
+
+    def impossible(t, d, x, r):
+        accepted, tokens = sc.verify(t, d, x, r)
+        tokens[np.arange(len(tokens)), accepted] = t.shape[2]
+        return accepted, tokens
+
+    assert sc.audit_verifier(impossible).table["finding"].str.contains("impossible").all()
+    assert not sc.audit_verifier(lambda *a: "nonsense").passed
+    with pytest.raises(TypeError, match="verify_fn"):
+        sc.audit_verifier(42)
+
+
+# ---- verify's dtypes (issue 14) --------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.uint16, np.uint32, np.int8, np.int16])
+def test_verify_returns_signed_tokens_for_any_integer_drafts(dtype):
+    rng = np.random.default_rng(0)
+    target = rng.dirichlet(np.ones(5), size=(200, 4))
+    draft = rng.dirichlet(np.ones(5), size=(200, 3))
+    tokens = rng.integers(0, 5, size=(200, 3)).astype(dtype)
+    accepted, emitted = sc.verify(target, draft, tokens, rng)
+    assert emitted.dtype.kind == "i"
+    assert (emitted[np.arange(3 + 1) > accepted[:, None]] == -1).all()
+    assert (accepted < 3).any()  # some rows are padded, so -1 (not 255) is checked
+
+
+@pytest.mark.parametrize(
+    "make, error",
+    [
+        (lambda a: a.astype(object), TypeError),
+        (lambda a: a > 0.5, TypeError),
+        (lambda a: a.astype(complex), TypeError),
+    ],
+)
+@pytest.mark.parametrize("which", ["target_probs", "draft_probs"])
+def test_verify_refuses_non_real_probabilities_by_name(make, error, which):
+    rng = np.random.default_rng(0)
+    arrays = {
+        "target_probs": rng.dirichlet(np.ones(4), size=(2, 3)),
+        "draft_probs": rng.dirichlet(np.ones(4), size=(2, 2)),
+    }
+    arrays[which] = make(arrays[which])
+    with pytest.raises(error, match=which):
+        sc.verify(arrays["target_probs"], arrays["draft_probs"], np.zeros((2, 2), int), rng)
+
+
+def test_verify_refuses_bool_drafts_by_name():
+    rng = np.random.default_rng(0)
+    with pytest.raises(ValueError, match="draft_tokens"):
+        sc.verify(
+            rng.dirichlet(np.ones(4), size=(2, 3)),
+            rng.dirichlet(np.ones(4), size=(2, 2)),
+            np.zeros((2, 2), bool),
+            rng,
+        )
+
+
+def test_exercise_two_sizing():
+    n = sc.noncentrality_needed(63, 1e-4, 0.99) / (4 * 0.05**2)
+    assert 5_000 < n < 50_000  # λ ≈ 100 over 4·0.0025
+    assert sc.noncentrality_needed(63, 1e-4, 0.99) / (4 * 0.02**2) > n  # smaller TV, more draws
