@@ -376,3 +376,19 @@ def test_chapter_7_exercise_eagle_top_4_at_w_1():
     p, q = rows_at("t", F(1))
     rule = sc.MULTI_DRAFT_RULES["EAGLE-2 top-k"]
     assert sc.multi_draft_acceptance(rule, p, q, 4) == F(15, 29) == sum(sorted(p)[-4:])
+
+
+def block_verify_correcting_from_p(target_probs, draft_probs, draft_tokens, rng):
+    """block_verify, except that a rejection is corrected by a fresh draw from p (a bug)."""
+    accepted, tokens = sc.block_verify(target_probs, draft_probs, draft_tokens, rng)
+    rows = np.arange(len(accepted))
+    rejected = rows[accepted < draft_tokens.shape[1]]
+    fresh = sc._sample_rows(target_probs[rejected, accepted[rejected]], rng)
+    tokens[rejected, accepted[rejected]] = fresh
+    return accepted, tokens
+
+
+def test_block_verify_passes_chapter_6_audit_and_its_broken_twin_does_not():
+    assert sc.audit_verifier(sc.block_verify).passed
+    report = sc.audit_verifier(block_verify_correcting_from_p)
+    assert not report.passed and not report.table["passed"].all()
