@@ -7,6 +7,7 @@ SUPPORTED := 3.11 3.12 3.13
 VENV   := .venv
 BIN    := $(VENV)/bin
 SITE   := _build/html
+PY_SOURCES := specdec_core.py tiny_transformer.py scripts tests
 CHAPTERS := $(wildcard book/*.md)
 NOTEBOOKS := $(patsubst book/%.md,book/_notebooks/%.ipynb,$(filter book/ch%,$(CHAPTERS)))
 
@@ -66,7 +67,8 @@ site: $(BIN)/.installed $(NOTEBOOKS) _build/.core-stamp
 
 ## make test: lint, unit tests of the core, every chapter executed, and the built site checked
 test: site $(BIN)/.test-installed
-	$(BIN)/ruff check specdec_core.py tiny_transformer.py scripts tests
+	$(BIN)/ruff check $(PY_SOURCES)
+	$(BIN)/ruff format --check $(PY_SOURCES)
 	$(BIN)/python -m pytest
 
 ## make figures: every figure of the book as PNG and SVG in figures/, without the site
@@ -99,9 +101,10 @@ bench: $(BIN)/.installed
 stopwatch: $(BIN)/.installed
 	$(BIN)/python scripts/stopwatch.py
 
-## make lint: ruff over the core, the scripts and the tests
+## make lint: ruff (check and format) over the core, the transformer, the scripts and the tests
 lint: $(BIN)/.test-installed
-	$(BIN)/ruff check specdec_core.py tiny_transformer.py scripts tests
+	$(BIN)/ruff check $(PY_SOURCES)
+	$(BIN)/ruff format --check $(PY_SOURCES)
 
 ## make clean: remove the site, the execution cache, figures and notebooks (keeps .venv)
 clean:

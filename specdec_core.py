@@ -529,13 +529,18 @@ def _check_batch(target_probs, draft_probs, draft_tokens):
         raise ValueError(f"draft_tokens must lie in [0, {vocab})")
 
 
+def _checked_batch(target_probs, draft_probs, draft_tokens, rng):
+    """The three batch arguments as arrays, after every check of _check_batch and of rng."""
+    arrays = np.asarray(target_probs), np.asarray(draft_probs), np.asarray(draft_tokens)
+    _check_batch(*arrays)
+    _check_rng(rng)
+    return arrays
+
+
 def verify(target_probs, draft_probs, draft_tokens, rng):
     """Speculative verification of a batch: returns accepted (B,) and tokens (B, gamma + 1)."""
-    target_probs, draft_probs = np.asarray(target_probs), np.asarray(draft_probs)
-    draft_tokens = np.asarray(draft_tokens)
-    _check_batch(target_probs, draft_probs, draft_tokens)
-    _check_rng(rng)
-    return _verify(target_probs, draft_probs, draft_tokens, rng, EXACT_RULE)
+    arrays = _checked_batch(target_probs, draft_probs, draft_tokens, rng)
+    return _verify(*arrays, rng, EXACT_RULE)
 
 
 def _rows_at(probs, positions):
@@ -1535,10 +1540,9 @@ def rule_verifier(rule):
 
     def verify_fn(target_probs, draft_probs, draft_tokens, rng):
         """Speculative verification of a batch under the rule; (accepted, tokens)."""
-        target_probs, draft_probs = np.asarray(target_probs), np.asarray(draft_probs)
-        draft_tokens = np.asarray(draft_tokens)
-        _check_batch(target_probs, draft_probs, draft_tokens)
-        _check_rng(rng)
+        target_probs, draft_probs, draft_tokens = _checked_batch(
+            target_probs, draft_probs, draft_tokens, rng
+        )
         batch, gamma = draft_tokens.shape
         vocab = target_probs.shape[2]
         p, q = target_probs[:, :gamma].reshape(-1, vocab), draft_probs.reshape(-1, vocab)
@@ -2172,10 +2176,9 @@ def _per_token_tables(target, draft, tokens, rule=EXACT_RULE):
 
 def block_verify(target_probs, draft_probs, draft_tokens, rng):
     """Block verification of a batch (Sun et al. 2025): accepted (B,), tokens (B, gamma + 1)."""
-    target_probs, draft_probs = np.asarray(target_probs), np.asarray(draft_probs)
-    draft_tokens = np.asarray(draft_tokens)
-    _check_batch(target_probs, draft_probs, draft_tokens)
-    _check_rng(rng)
+    target_probs, draft_probs, draft_tokens = _checked_batch(
+        target_probs, draft_probs, draft_tokens, rng
+    )
     batch, gamma = draft_tokens.shape
     rows = np.arange(batch)
     target_probs = np.asarray(target_probs, dtype=float)
@@ -3047,11 +3050,18 @@ def plot_regime_tokens(max_gamma=8, stay=0.9):
     gammas = np.arange(1, max_gamma + 1)
     chain = [markov_chain_stats(p, q, int(g)) for g in gammas]
     fig, ax = _new_figure()
-    ax.plot(gammas, [expected_tokens(alpha, int(g)) for g in gammas], label="Eq. (1) with α",
-            **_series(1))
+    ax.plot(
+        gammas,
+        [expected_tokens(alpha, int(g)) for g in gammas],
+        label="Eq. (1) with α",
+        **_series(1),
+    )
     ax.plot(gammas, [c.tokens_per_step for c in chain], label="exact chain", **_series(0))
-    ax.set(xlabel="draft tokens per step γ", ylabel="tokens per target call",
-           title=f"Sticky regimes (stay = {stay:g}): α = {alpha:.2f}")
+    ax.set(
+        xlabel="draft tokens per step γ",
+        ylabel="tokens per target call",
+        title=f"Sticky regimes (stay = {stay:g}): α = {alpha:.2f}",
+    )
     ax.legend()
     return fig
 
@@ -3089,8 +3099,13 @@ def plot_speedup_vs_w(sweep, gamma=4, costs=(0.0, 0.05, 0.1, 0.25, 0.5)):
     alphas = [alpha_exact(w) for w in grid]
     for i, c in enumerate(costs):
         style = _series(i)
-        ax.plot(grid, [walltime_speedup(a, gamma, c) for a in alphas],
-                color=style["color"], linestyle=style["linestyle"], label=f"c = {c:g}")
+        ax.plot(
+            grid,
+            [walltime_speedup(a, gamma, c) for a in alphas],
+            color=style["color"],
+            linestyle=style["linestyle"],
+            label=f"c = {c:g}",
+        )
         ax.plot(
             list(sweep),
             [t.tokens_per_step / (gamma * c + 1) for t in sweep.values()],
@@ -3119,8 +3134,9 @@ def plot_speedup_heatmap(max_gamma=30, max_cost=0.3):
     gain = np.ma.masked_where(best <= 1 + 1e-9, best)
     image = ax.pcolormesh(alphas, costs, gain, cmap="YlGnBu", shading="auto", norm=LogNorm(1, 30))
     halo = [patheffects.withStroke(linewidth=3, foreground="white")]
-    levels = ax.contour(alphas, costs, best, levels=[1.25, 1.5, 2, 3, 5, 10], colors="black",
-                        linewidths=1)
+    levels = ax.contour(
+        alphas, costs, best, levels=[1.25, 1.5, 2, 3, 5, 10], colors="black", linewidths=1
+    )
     for text in ax.clabel(levels, fmt="%g×", fontsize=11):
         text.set_path_effects(halo)
     ax.plot([0, max_cost], [0, max_cost], "--", color="black", linewidth=1.5)
@@ -3139,8 +3155,14 @@ def plot_optimal_gamma(costs=(0.01, 0.02, 0.05, 0.1, 0.2, 0.5)):
     grid = np.linspace(0, 0.99, 199)
     for i, c in enumerate(costs):
         style = _series(i, len(grid))
-        ax.step(grid, [optimal_gamma(a, c) for a in grid], where="post", label=f"c = {c:g}",
-                markersize=5, **style)
+        ax.step(
+            grid,
+            [optimal_gamma(a, c) for a in grid],
+            where="post",
+            label=f"c = {c:g}",
+            markersize=5,
+            **style,
+        )
     ax.set(xlabel="α", ylabel="optimal γ", title="Optimal γ (after Leviathan et al., Fig. 3)")
     _legend_on_top(ax, ncol=3)
     return fig
@@ -3169,11 +3191,23 @@ def plot_real_pairs():
     labels = [f"{short.get(target, target)} ← {draft}" for target, draft, _, _ in REAL_PAIR_ALPHAS]
     y = np.arange(len(labels))
     ax.axvspan(alpha_exact(0), 1, color="grey", alpha=0.15, label="this toy: α(w)")
-    ax.axvline(alpha_of(*unsmoothed_models()), color="black", linestyle=":", linewidth=1.5,
-               label="toy without smoothing, w = 0")
+    ax.axvline(
+        alpha_of(*unsmoothed_models()),
+        color="black",
+        linestyle=":",
+        linewidth=1.5,
+        label="toy without smoothing, w = 0",
+    )
     ax.plot([r[2] for r in REAL_PAIR_ALPHAS], y, "o", color=OKABE_ITO[0], label="temperature 0")
-    ax.plot([r[3] for r in REAL_PAIR_ALPHAS], y, "s", color=OKABE_ITO[3], markerfacecolor="none",
-            markeredgewidth=2, label="temperature 1")
+    ax.plot(
+        [r[3] for r in REAL_PAIR_ALPHAS],
+        y,
+        "s",
+        color=OKABE_ITO[3],
+        markerfacecolor="none",
+        markeredgewidth=2,
+        label="temperature 1",
+    )
     ax.set_yticks(y, labels, fontsize=11)
     ax.invert_yaxis()
     ax.set(xlim=(0, 1), xlabel="α", ylabel="target ← draft", title="Real pairs and this toy")

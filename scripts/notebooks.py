@@ -340,8 +340,7 @@ def write_all(app, root, outdir, archive_name, unpacked):
     chapters = sorted(
         p.relative_to(converter.executed).as_posix().removesuffix(".ipynb")
         for p in converter.executed.rglob("*.ipynb")
-        if p.relative_to(converter.executed).as_posix().removesuffix(".ipynb")
-        in app.env.found_docs
+        if p.relative_to(converter.executed).as_posix().removesuffix(".ipynb") in app.env.found_docs
     )
     if unpacked.exists():
         shutil.rmtree(unpacked)
@@ -368,4 +367,3 @@ def write_all(app, root, outdir, archive_name, unpacked):
             info = zipfile.ZipInfo(f"exact-by-construction/{path.name}", (2026, 1, 1, 0, 0, 0))
             info.compress_type, info.external_attr = zipfile.ZIP_DEFLATED, 0o644 << 16
             archive.writestr(info, path.read_bytes())
-

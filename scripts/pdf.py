@@ -34,14 +34,29 @@ def print_pdf(page, output):
     """Print page (an HTML file) to output with MathJax typeset; return the number of pages."""
     output.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="specdec-pdf-") as home:
-        env = {"PATH": "/usr/bin:/bin", "HOME": home, "TMPDIR": home, "XDG_CONFIG_HOME": home,
-               "XDG_CACHE_HOME": home}
+        env = {
+            "PATH": "/usr/bin:/bin",
+            "HOME": home,
+            "TMPDIR": home,
+            "XDG_CONFIG_HOME": home,
+            "XDG_CACHE_HOME": home,
+        }
         command = [
-            *offline_prefix(), chromium(), "--headless", "--no-sandbox", "--disable-gpu",
-            "--no-first-run", "--disable-background-networking", "--disable-component-update",
-            "--disable-sync", "--disable-extensions", "--no-pdf-header-footer",
-            f"--user-data-dir={home}/profile", "--virtual-time-budget=30000",
-            "--run-all-compositor-stages-before-draw", f"--print-to-pdf={output.resolve()}",
+            *offline_prefix(),
+            chromium(),
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--disable-extensions",
+            "--no-pdf-header-footer",
+            f"--user-data-dir={home}/profile",
+            "--virtual-time-budget=30000",
+            "--run-all-compositor-stages-before-draw",
+            f"--print-to-pdf={output.resolve()}",
             page.resolve().as_uri(),
         ]
         subprocess.run(command, env=env, check=True, capture_output=True, timeout=300)

@@ -128,8 +128,12 @@ def test_the_archive_runs_in_a_fresh_venv_outside_the_repository(tmp_path):
     assert [n.name for n in notebooks] == sorted(f"{c.stem}.ipynb" for c in CHAPTERS)
     runs = [
         subprocess.Popen(
-            [str(python), "-c", RUN, n.name], cwd=folder, env=env, text=True,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            [str(python), "-c", RUN, n.name],
+            cwd=folder,
+            env=env,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
         )  # fmt: skip
         for n in notebooks
     ]

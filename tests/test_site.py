@@ -176,7 +176,7 @@ def browser():
             os.makedirs(folder, mode=0o700, exist_ok=True)
         prefix = network_namespace_command() or []
         launcher = Path(home) / "chromium-offline"
-        launcher.write_text('#!/bin/sh\nexec ' + " ".join([*prefix, CHROMIUM]) + ' "$@"\n')
+        launcher.write_text("#!/bin/sh\nexec " + " ".join([*prefix, CHROMIUM]) + ' "$@"\n')
         launcher.chmod(0o700)
         saved = {k: os.environ.get(k) for k in folders}
         os.environ.update(folders)  # the playwright driver puts its profile folder in TMPDIR
