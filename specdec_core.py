@@ -3263,7 +3263,7 @@ def widget_panel():
 
 def plot_bug_power(rows):
     """Each bug's exact TV (top) and the draws a chi-square test needs (bottom), log scales."""
-    fig, (top, bottom) = _new_figure(nrows=2, figsize=(6.4, 8.4))
+    fig, (top, bottom) = _new_figure(nrows=2, figsize=(5.0, 7.8))
     rows = sorted(rows, key=lambda r: r["TV"])
     y = np.arange(len(rows))
     chi = np.array([r["caught by"] == "chi-square" for r in rows])
@@ -3284,7 +3284,7 @@ def plot_bug_power(rows):
         )
         ax.set(xscale="log", xlabel=label, ylabel="bug", title=title)
         ax.set_yticks(y, [r["bug"] for r in rows])
-    bottom.legend(loc="upper right")
+    bottom.legend(loc="upper center", bbox_to_anchor=(0.35, -0.22), ncol=1)
     fig.tight_layout()
     return fig
 
