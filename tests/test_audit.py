@@ -4,6 +4,7 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
+from scipy import stats
 
 import specdec_core as sc
 
@@ -132,6 +133,24 @@ def test_cauchy_schwarz_sizing_bounds_every_alternative():
         alternative = law + 0.02 * (other - law) / sc.total_variation(other, law)
         drift = ((alternative - law) ** 2 / law).sum()
         assert n * drift >= 4 * n * 0.02**2 * (1 - 1e-9)
+
+
+def power_at_worst_case(law, n, level, pooled):
+    """Noncentral chi-square power of n draws at λ = 4·n·(0.02 − pooled)², the worst case."""
+    df = int((law > 0).sum()) - 1
+    critical = stats.chi2.isf(level, df)
+    return float(stats.ncx2.sf(critical, df, 4 * n * (0.02 - pooled) ** 2))
+
+
+def test_audit_draws_reach_the_promised_power_and_a_quarter_of_them_do_not():
+    for scenario in sc.audit_scenarios():
+        law = sc.scenario_law(scenario)
+        if (law > 0).sum() < 2:
+            continue  # one possible outcome: only a forbidden outcome can reveal a bug
+        n, pooled = sc.audit_draws(law, 1e-3 / 9)
+        assert power_at_worst_case(law, n, 1e-3 / 9, pooled) >= 0.99, scenario.name
+        # the control: the same worst case with a quarter of the draws is caught far less often
+        assert power_at_worst_case(law, n // 4, 1e-3 / 9, pooled) < 0.9, scenario.name
 
 
 # ---- the audit ----------------------------------------------------------------------------
