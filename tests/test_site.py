@@ -5,13 +5,16 @@ import functools
 import os
 import re
 import shutil
-import subprocess
+import sys
 import tempfile
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 import pytest
 from bs4 import BeautifulSoup
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+import pdf  # noqa: E402  scripts/pdf.py: the offline launcher prefix for Chromium
 
 ROOT = Path(__file__).resolve().parents[1]
 SITE = ROOT / "_build" / "html"
@@ -133,16 +136,6 @@ QUIET_SWITCHES = [
 PHONE, DESKTOP = 390, 1400
 
 
-def network_namespace_command():
-    """`unshare -n` (as root) or `unshare -rn` (a user namespace): whichever works here, or None."""
-    unshare = shutil.which("unshare")
-    for flags in (["-n"], ["-r", "-n"]):
-        works = unshare and subprocess.run([unshare, *flags, "true"], capture_output=True)
-        if works and works.returncode == 0:
-            return [unshare, *flags]
-    return None
-
-
 def isolation(pid):
     """(own network namespace?, its interfaces) of a process, read from /proc."""
     own = os.readlink(f"/proc/{pid}/ns/net") != os.readlink("/proc/self/ns/net")
@@ -174,7 +167,7 @@ def browser():
         }
         for folder in folders.values():
             os.makedirs(folder, mode=0o700, exist_ok=True)
-        prefix = network_namespace_command() or []
+        prefix = pdf.offline_prefix()  # the same launcher prefix `make pdf` uses
         launcher = Path(home) / "chromium-offline"
         launcher.write_text("#!/bin/sh\nexec " + " ".join([*prefix, CHROMIUM]) + ' "$@"\n')
         launcher.chmod(0o700)
