@@ -450,52 +450,82 @@ def _row_sums(weights):
     return np.einsum("...v->...", weights)
 
 
-def _sample_cumulative(cumulative, rng):
-    """One inverse-CDF draw from each row, given cumulative sums (N, V) of weights >= 0."""
-    u = rng.random(len(cumulative))[:, None] * cumulative[:, -1:]  # below each row's total
-    return np.count_nonzero(cumulative <= u, axis=1)  # the first token whose sum passes u
+def _sample_cumulative(cumulative, u):
+    """Inverse-CDF draws (N,) from cumulative sums (N, V) of weights >= 0, given uniforms (N,)."""
+    scaled = u[:, None] * cumulative[:, -1:]  # below each row's total
+    return np.count_nonzero(cumulative <= scaled, axis=1)  # the first token whose sum passes u
 
 
 def _sample_rows(weights, rng):
     """One inverse-CDF draw from each row of non-negative weights (N, V) with a positive sum."""
-    return _sample_cumulative(weights.cumsum(axis=1), rng)
+    return _sample_cumulative(weights.cumsum(axis=1), rng.random(len(weights)))
 
 
-def _final_token(p_n, q_n, is_bonus, rng, rule):
-    """The token after the accepted ones: bonus from p, or a draw from the rule's correction."""
-    cumulative = rule.correction(p_n, q_n).cumsum(axis=1)  # (B, V), unnormalised
-    from_p = is_bonus | (cumulative[:, -1] <= 0)  # bonus, or a correction without mass: p
-    cumulative[from_p] = p_n[from_p].cumsum(axis=1)
-    return _sample_cumulative(cumulative, rng)  # u is scaled to each row's total
+def _cumsum_columns(columns):
+    """In place, columns (V, N) become their running sums down axis 0, in index order."""
+    for above, row in itertools.pairwise(columns):  # V vector additions of length N
+        np.add(above, row, out=row)
+    return columns
+
+
+def _final_token(p_n, q_n, is_bonus, u, rule):
+    """The token after the accepted ones (B,): bonus from p, else from the rule's correction."""
+    weights = rule.correction(p_n, q_n)  # (B, V), unnormalised
+    if p_n.shape[1] > len(p_n):  # long rows: numpy's cumsum along each
+        cumulative = np.cumsum(weights, axis=1)  # a new array, even if weights is p_n
+        redo = is_bonus | (cumulative[:, -1] <= 0)  # bonus, or a correction without mass: p
+        cumulative[redo] = np.cumsum(p_n[redo], axis=1)
+        return _sample_cumulative(cumulative, u)
+    columns = np.array(weights.T, dtype=float, order="C")  # short rows: (V, B), a copy
+    np.copyto(columns, p_n.T, where=is_bonus)  # the bonus token comes from p
+    cumulative = _cumsum_columns(columns)  # the same sums as cumsum along rows
+    empty = cumulative[-1] <= 0  # a correction without mass: draw from p instead
+    if empty.any():
+        cumulative[:, empty] = _cumsum_columns(np.array(p_n[empty].T, order="C"))
+    return np.count_nonzero(cumulative <= u * cumulative[-1], axis=0)  # first sum above u·total
 
 
 def _emitted(draft_tokens, accepted, final):
     """(B, gamma + 1) signed tokens: the accepted draft, the final token, then -1 padding."""
     batch, gamma = draft_tokens.shape
-    tokens = np.full((batch, gamma + 1), -1, dtype=np.int64)
-    kept = np.arange(gamma) < accepted[:, None]
-    tokens[:, :gamma] = np.where(kept, draft_tokens.astype(np.int64), -1)  # never 255
+    tokens = np.empty((batch, gamma + 1), dtype=np.int64)
+    tokens[:, :gamma] = draft_tokens  # as signed int64: uint8 padding is -1, never 255
+    np.copyto(tokens, -1, where=np.arange(gamma + 1) > accepted[:, None])
     tokens[np.arange(batch), accepted] = final
     return tokens
+
+
+# The checks and the verifier walk the batch in blocks of about BLOCK_BYTES of one input, so
+# each block's temporaries stay in cache and the inputs come from memory once per pass.
+BLOCK_BYTES = 2**20
+
+
+def _blocks(probs):
+    """Slices of the batch axis of probs (B, ...), each about BLOCK_BYTES, at least one row."""
+    batch = len(probs)
+    step = max(1, BLOCK_BYTES // max(1, probs[:1].nbytes))
+    return [slice(start, start + step) for start in range(0, batch, step)]
 
 
 _REAL_KINDS = "fiu"  # float, signed and unsigned integer dtypes; not bool, complex or object
 
 
-def _row_sums(weights):
-    """Σ over the last axis, (...,): einsum reads short rows far faster than sum(axis=-1)."""
-    return np.einsum("...v->...", weights)
+def _rows_sum_to_one(probs):
+    """True iff every row of probs (B, L, V) is >= 0 and sums to 1 ± 1e-6, in one read."""
+    for block in _blocks(probs):
+        part = probs[block]  # (b, L, V)
+        sums = np.einsum("...v->...", part, dtype=float)  # float64 sums, even of float32 rows
+        fine = sums.size == 0 or (sums.max() - 1 <= 1e-6 and 1 - sums.min() <= 1e-6)  # not NaN
+        if not (fine and (part.size == 0 or part.min() >= 0)):  # the block is still in cache
+            return False
+    return True
 
 
 def _check_probs(probs, name):
-    """Raise unless probs (..., V) holds real, finite, non-negative rows summing to 1."""
+    """Raise unless probs (B, L, V) holds real, finite, non-negative rows summing to 1."""
     if probs.dtype.kind not in _REAL_KINDS:
         raise TypeError(f"{name} must hold real numbers (float or int), got dtype {probs.dtype}")
-    sums = _row_sums(probs)  # one read; a NaN or inf entry shows in its row's sum
-    if sums.size == 0:  # no rows at all
-        return
-    fine = sums.max() - 1 <= 1e-6 and 1 - sums.min() <= 1e-6  # False on NaN or inf
-    if fine and probs.min() >= 0:  # a second read: any negative entry
+    if _rows_sum_to_one(probs):
         return
     if not np.all(np.isfinite(probs)):
         raise ValueError(f"{name} contains NaN or inf")
@@ -504,8 +534,8 @@ def _check_probs(probs, name):
     raise ValueError(f"{name} has rows that do not sum to 1 (tolerance 1e-6)")
 
 
-def _check_batch(target_probs, draft_probs, draft_tokens):
-    """Raise unless the three arrays are a well-formed batch of distributions and drafts."""
+def _check_layout(target_probs, draft_probs, draft_tokens):
+    """Raise unless the shapes match, the dtypes are real and every draft token is in range."""
     if target_probs.ndim != 3 or draft_probs.ndim != 3 or draft_tokens.ndim != 2:
         raise ValueError(
             "need target_probs (B, gamma+1, V), draft_probs (B, gamma, V), draft_tokens (B, gamma)"
@@ -521,12 +551,25 @@ def _check_batch(target_probs, draft_probs, draft_tokens):
             f"shapes do not match: target_probs {target_probs.shape}, draft_probs "
             f"{draft_probs.shape}, draft_tokens {draft_tokens.shape}"
         )
-    _check_probs(target_probs, "target_probs")
-    _check_probs(draft_probs, "draft_probs")
+    for probs, name in ((target_probs, "target_probs"), (draft_probs, "draft_probs")):
+        if probs.dtype.kind not in _REAL_KINDS:
+            raise TypeError(f"{name} must hold real numbers (float or int), got {probs.dtype}")
     if draft_tokens.dtype.kind not in "iu":
         raise ValueError(f"draft_tokens must be integers, got dtype {draft_tokens.dtype}")
     if draft_tokens.size and (draft_tokens.min() < 0 or draft_tokens.max() >= vocab):
         raise ValueError(f"draft_tokens must lie in [0, {vocab})")
+
+
+def _check_laws(target_probs, draft_probs):
+    """Raise unless every row of both inputs is a distribution over the vocabulary."""
+    _check_probs(target_probs, "target_probs")
+    _check_probs(draft_probs, "draft_probs")
+
+
+def _check_batch(target_probs, draft_probs, draft_tokens):
+    """Raise unless the three arrays are a well-formed batch of distributions and drafts."""
+    _check_layout(target_probs, draft_probs, draft_tokens)
+    _check_laws(target_probs, draft_probs)
 
 
 def _checked_batch(target_probs, draft_probs, draft_tokens, rng):
@@ -539,8 +582,10 @@ def _checked_batch(target_probs, draft_probs, draft_tokens, rng):
 
 def verify(target_probs, draft_probs, draft_tokens, rng):
     """Speculative verification of a batch: returns accepted (B,) and tokens (B, gamma + 1)."""
-    arrays = _checked_batch(target_probs, draft_probs, draft_tokens, rng)
-    return _verify(*arrays, rng, EXACT_RULE)
+    arrays = np.asarray(target_probs), np.asarray(draft_probs), np.asarray(draft_tokens)
+    _check_layout(*arrays)
+    _check_rng(rng)
+    return _verify(*arrays, rng, EXACT_RULE, check_rows=True)  # rows checked block by block
 
 
 def _rows_at(probs, positions):
@@ -552,26 +597,56 @@ def _rows_at(probs, positions):
     return np.take(probs.reshape(batch * length, vocab), rows * length + positions, axis=0)
 
 
-def _entries(probs, draft_tokens):
-    """probs[b, i, draft_tokens[b, i]] for i < gamma, (B, gamma): each drafted token's entry."""
+def _cell_offsets(batch, gamma, length, vocab):
+    """Flat index of probs[b, i, 0] in a C-contiguous (batch, length, vocab) array, (B, gamma)."""
+    return (np.arange(batch)[:, None] * length + np.arange(gamma)) * vocab
+
+
+def _entries(probs, draft_tokens, offsets):
+    """probs[b, i, draft_tokens[b, i]] for i < gamma, (B, gamma), given probs' _cell_offsets."""
     batch, gamma = draft_tokens.shape
-    rows = np.arange(batch)[:, None]
     if not probs.flags.c_contiguous:
-        return probs[rows, np.arange(gamma), draft_tokens]
-    length, vocab = probs.shape[1:]
-    return np.take(probs.reshape(-1), (rows * length + np.arange(gamma)) * vocab + draft_tokens)
+        return probs[np.arange(batch)[:, None], np.arange(gamma), draft_tokens]
+    return np.take(probs.reshape(-1), offsets[:batch] + draft_tokens)
 
 
-def _verify(target_probs, draft_probs, draft_tokens, rng, rule):
-    """verify() without the checks, for any Rule."""
+def _verify(target_probs, draft_probs, draft_tokens, rng, rule, check_rows=False):
+    """verify() for any Rule, one cache-sized block of the batch at a time.
+
+    With check_rows, each block's rows are checked as it is read, so the inputs come from memory
+    once; a batch that fails leaves rng as it found it.
+    """
     batch, gamma = draft_tokens.shape
-    seen = rule.seen_q(draft_probs)  # (B, gamma, V)
-    p_x, q_x = _entries(target_probs, draft_tokens), _entries(seen, draft_tokens)  # (B, gamma)
-    accepted = _accepted_count(rule.accept(p_x, q_x), _test_uniforms(rng, batch, gamma, rule))
-    p_n = _rows_at(target_probs, accepted)  # (B, V): the target where the step ends
-    q_n = _rows_at(seen, np.minimum(accepted, gamma - 1)) if gamma else p_n
-    final = _final_token(p_n, q_n, accepted == gamma, rng, rule)
+    state = rng.bit_generator.state
+    u_tests = _test_uniforms(rng, batch, gamma, rule)  # (B, gamma)
+    u_final = rng.random(batch)  # (B,)
+    accepted, final = np.empty(batch, dtype=np.int64), np.empty(batch, dtype=np.int64)
+    blocks = _blocks(target_probs)
+    size, vocab = blocks[0].stop if blocks else 0, target_probs.shape[2]
+    offsets = _cell_offsets(size, gamma, gamma + 1, vocab), _cell_offsets(size, gamma, gamma, vocab)
+    for block in blocks:
+        target, draft = target_probs[block], draft_probs[block]  # (b, gamma+1, V), (b, gamma, V)
+        if check_rows:
+            try:
+                _check_laws(target, draft)
+            except ValueError:
+                rng.bit_generator.state = state  # a refused batch draws nothing
+                raise
+        probs = target, rule.seen_q(draft)
+        accepted[block], final[block] = _verify_block(
+            probs, draft_tokens[block], offsets, u_tests[block], u_final[block], rule
+        )
     return accepted, _emitted(draft_tokens, accepted, final)
+
+
+def _verify_block(probs, draft_tokens, offsets, u_tests, u_final, rule):
+    """(accepted (b,), final token (b,)) of one block, given its uniforms (b, gamma) and (b,)."""
+    (target, seen), gamma = probs, draft_tokens.shape[1]
+    p_x, q_x = (_entries(a, draft_tokens, o) for a, o in zip(probs, offsets))  # (b, gamma)
+    accepted = _accepted_count(rule.accept(p_x, q_x), u_tests)
+    p_n = _rows_at(target, accepted)  # (b, V): the target where the step ends
+    q_n = _rows_at(seen, np.minimum(accepted, gamma - 1)) if gamma else p_n
+    return accepted, _final_token(p_n, q_n, accepted == gamma, u_final, rule)
 
 
 # --------------------------------------------------------------------------------------------
@@ -1547,7 +1622,8 @@ def rule_verifier(rule):
         vocab = target_probs.shape[2]
         p, q = target_probs[:, :gamma].reshape(-1, vocab), draft_probs.reshape(-1, vocab)
         accept = np.asarray(rule.accept(p, q)).reshape(batch, gamma, vocab)
-        accept_x = _entries(np.ascontiguousarray(accept), draft_tokens)  # (B, gamma)
+        offsets = _cell_offsets(batch, gamma, gamma, vocab)
+        accept_x = _entries(np.ascontiguousarray(accept), draft_tokens, offsets)  # (B, gamma)
         accepted = _accepted_count(accept_x, rng.random((batch, gamma)))
         last = np.minimum(accepted, gamma - 1)
         p_n = _rows_at(target_probs, accepted)  # (B, V)

@@ -50,9 +50,13 @@ def outcome_law(p, q):
 
 
 @pytest.mark.parametrize(
-    "vocab, gamma, zeros", [(5, 1, False), (12, 3, True), (30, 5, False), (50, 2, True)]
+    "vocab, gamma, zeros, block_rows",
+    [(5, 1, False, None), (12, 3, True, None), (30, 5, False, None), (50, 2, True, None)]
+    + [(50, 2, True, 40)],  # 40 batch rows a block, fewer than V: the long-row final draw
 )
-def test_verify_reproduces_the_exact_outcome_law(vocab, gamma, zeros):
+def test_verify_reproduces_the_exact_outcome_law(monkeypatch, vocab, gamma, zeros, block_rows):
+    if block_rows:
+        monkeypatch.setattr(sc, "BLOCK_BYTES", block_rows * (gamma + 1) * vocab * 8)
     rng = np.random.default_rng(vocab * 10 + gamma)
     p, q, target, draft, tokens = batch(rng, 200_000, gamma, vocab, zeros)
     accepted, emitted = sc.verify(target, draft, tokens, rng)
@@ -124,6 +128,69 @@ def test_seeded_calls_are_deterministic():
     first = sc.verify(target, draft, tokens, np.random.default_rng(11))
     second = sc.verify(target, draft, tokens, np.random.default_rng(11))
     assert all((a == b).all() for a, b in zip(first, second))
+
+
+def _contiguous_batch(seed, size, gamma, vocab):
+    """A C-contiguous batch: random target and draft rows with zeros, drafts drawn from q."""
+    rng = np.random.default_rng(seed)
+    target = random_rows(rng, (size, gamma + 1, vocab), zeros=True)
+    draft = random_rows(rng, (size, gamma, vocab), zeros=True)
+    tokens = sc._sample_rows(draft.reshape(-1, vocab), rng).reshape(size, gamma)
+    return target, draft, tokens
+
+
+@pytest.mark.parametrize("vocab, gamma", [(18, 4), (3, 1), (300, 2), (40, 0)])
+def test_verify_gives_the_same_tokens_for_any_block_size_and_memory_layout(
+    monkeypatch, vocab, gamma
+):
+    arrays = _contiguous_batch(vocab + gamma, 500, gamma, vocab)
+    runs = []
+    # one batch row a block (rows longer than the block: numpy's cumsum along each row), a
+    # few rows, and the whole batch in one block (rows shorter: the column-by-column sums)
+    for block_bytes in (1, 2**14, 2**30):
+        monkeypatch.setattr(sc, "BLOCK_BYTES", block_bytes)
+        for layout in (np.ascontiguousarray, np.asfortranarray):  # a flat take, or indexing
+            target, draft = layout(arrays[0]), layout(arrays[1])
+            runs.append(sc.verify(target, draft, arrays[2], np.random.default_rng(9)))
+    for accepted, tokens in runs[1:]:
+        assert (accepted == runs[0][0]).all() and (tokens == runs[0][1]).all()
+    # control: the same comparison tells another seed's run apart
+    other = sc.verify(*arrays, np.random.default_rng(10))
+    assert not (other[1] == runs[0][1]).all()
+
+
+@pytest.mark.parametrize(
+    "name, position", [("target_probs", (499, 3, 5)), ("draft_probs", (250, 0, 0))]
+)
+def test_a_refused_batch_leaves_the_generator_as_it_found_it(monkeypatch, name, position):
+    monkeypatch.setattr(sc, "BLOCK_BYTES", 2**12)  # many blocks: the bad row is read late
+    target, draft, tokens = _contiguous_batch(11, 500, 3, 18)
+    rng = np.random.default_rng(12)
+    before = rng.bit_generator.state
+    sc.verify(target, draft, tokens, rng)
+    assert rng.bit_generator.state != before  # control: an accepted batch draws uniforms
+    before = rng.bit_generator.state
+    arrays = {"target_probs": target, "draft_probs": draft}
+    arrays[name][position] = np.nan
+    with pytest.raises(ValueError, match=f"{name} contains NaN"):
+        sc.verify(*arrays.values(), tokens, rng)
+    assert rng.bit_generator.state == before
+
+
+def test_verify_takes_float32_rows_of_an_engine_sized_vocabulary():
+    vocab = 32_000
+    draft = np.full((4, 2, vocab), 1 / vocab, dtype=np.float32)  # uniform rows, rounded to float32
+    target = np.full((4, 3, vocab), 1 / vocab, dtype=np.float32)
+    # summed in float32 (numpy's default) these rows miss 1 by 5.7e-6, past the 1e-6 tolerance;
+    # the float64 sum of the same float32 entries misses it by 4.7e-8
+    assert abs(np.einsum("...v->...", draft) - 1).min() > 1e-6
+    assert abs(draft.astype(float).sum(axis=-1) - 1).max() < 1e-7
+    tokens = np.arange(8).reshape(4, 2)
+    accepted, _ = sc.verify(target, draft, tokens, np.random.default_rng(13))
+    assert (accepted == 2).all()  # p = q: every draft is kept
+    draft[3, 1, 0] += 2e-6  # control: a row off by 2e-6 is still refused
+    with pytest.raises(ValueError, match="draft_probs has rows that do not sum to 1"):
+        sc.verify(target, draft, tokens, np.random.default_rng(13))
 
 
 def test_read_only_and_broadcast_inputs():
