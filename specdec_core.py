@@ -463,26 +463,55 @@ def _sample_rows(weights, rng):
 
 def _cumsum_columns(columns):
     """In place, columns (V, N) become their running sums down axis 0, in index order."""
-    for above, row in itertools.pairwise(columns):  # V vector additions of length N
+    if len(columns) > columns.shape[1]:  # tall and narrow: numpy's own loop
+        return np.cumsum(columns, axis=0, out=columns)
+    for above, row in itertools.pairwise(columns):  # short and wide: V vector additions
         np.add(above, row, out=row)
     return columns
 
 
-def _final_token(p_n, q_n, is_bonus, u, rule):
-    """The token after the accepted ones (B,): bonus from p, else from the rule's correction."""
-    weights = rule.correction(p_n, q_n)  # (B, V), unnormalised
-    if p_n.shape[1] > len(p_n):  # long rows: numpy's cumsum along each
-        cumulative = np.cumsum(weights, axis=1)  # a new array, even if weights is p_n
-        redo = is_bonus | (cumulative[:, -1] <= 0)  # bonus, or a correction without mass: p
-        cumulative[redo] = np.cumsum(p_n[redo], axis=1)
-        return _sample_cumulative(cumulative, u)
-    columns = np.array(weights.T, dtype=float, order="C")  # short rows: (V, B), a copy
-    np.copyto(columns, p_n.T, where=is_bonus)  # the bonus token comes from p
-    cumulative = _cumsum_columns(columns)  # the same sums as cumsum along rows
-    empty = cumulative[-1] <= 0  # a correction without mass: draw from p instead
+def _column_draw(weights, p_n, from_p, u):
+    """Inverse-CDF draws (b,) from rows of weights (b, V), or of p_n where from_p or no mass."""
+    columns = np.array(weights.T, dtype=float, order="C")  # (V, b), a copy
+    np.copyto(columns, p_n.T, where=from_p)
+    cumulative = _cumsum_columns(columns)  # sums in index order, as cumsum along a row
+    empty = cumulative[-1] <= 0
     if empty.any():
         cumulative[:, empty] = _cumsum_columns(np.array(p_n[empty].T, order="C"))
     return np.count_nonzero(cumulative <= u * cumulative[-1], axis=0)  # first sum above u·total
+
+
+CHUNK = 1024  # rows of at least 4 CHUNK tokens draw a chunk, then a token within it
+
+
+def _chunked_draw(weights, p_n, from_p, u):
+    """_column_draw's law for long rows (b, V), one row at a time: few rows are this long."""
+    starts = np.arange(0, weights.shape[1], CHUNK)
+    draws = [
+        _draw_in_chunks(p if bonus else w, p, starts, r)
+        for w, p, bonus, r in zip(weights, p_n, from_p, u)
+    ]
+    return np.array(draws, dtype=np.int64)
+
+
+def _draw_in_chunks(row, p_row, starts, u):
+    """A token of row (V,) by its chunk's mass, then by the rest of u; p_row if row has none."""
+    masses = np.add.reduceat(row, starts)  # (chunks,)
+    ends = np.cumsum(masses)
+    if not ends[-1] > 0:  # a correction without mass: draw from p instead
+        return _draw_in_chunks(p_row, p_row, starts, u)
+    scaled = u * ends[-1]  # below the total
+    chunk = np.searchsorted(ends, scaled, side="right")  # the chunk whose mass holds it
+    before = ends[chunk - 1] if chunk else 0
+    rest = min((scaled - before) / masses[chunk], np.nextafter(1, 0))  # uniform on [0, 1)
+    cumulative = np.cumsum(row[starts[chunk] : starts[chunk] + CHUNK])
+    return starts[chunk] + np.searchsorted(cumulative, rest * cumulative[-1], side="right")
+
+
+def _final_token(p_n, q_n, is_bonus, u, rule):
+    """The token after the accepted ones (b,): bonus from p, else from the rule's correction."""
+    draw = _chunked_draw if p_n.shape[1] >= 4 * CHUNK else _column_draw
+    return draw(rule.correction(p_n, q_n), p_n, is_bonus, u)
 
 
 def _emitted(draft_tokens, accepted, final):

@@ -193,6 +193,50 @@ def test_verify_takes_float32_rows_of_an_engine_sized_vocabulary():
         sc.verify(target, draft, tokens, np.random.default_rng(13))
 
 
+def _long_row(rng, vocab=5000, density=0.3):
+    """A long row with exact zeros and mass in every chunk, the short last one included."""
+    row = np.where(rng.random(vocab) < density, rng.random(vocab), 0.0)
+    row[[0, 1023, 1024, 4095, 4096, vocab - 1]] = [0.3, 0.01, 0.2, 0.05, 0.1, 0.02]
+    return row / row.sum()
+
+
+def test_a_long_row_draws_the_same_tokens_chunk_by_chunk_as_in_one_pass():
+    rng = np.random.default_rng(14)
+    row, wrong = _long_row(rng), _long_row(rng)
+    grid = (np.arange(20_000) + 0.5) / 20_000  # uniforms spread over [0, 1)
+    starts = np.arange(0, len(row), sc.CHUNK)  # 4 chunks of 1,024 and one of 904
+
+    def one_pass(weights):
+        """The inverse CDF of weights at each grid point, from one cumulative sum."""
+        cumulative = np.cumsum(weights)
+        return np.searchsorted(cumulative, grid * cumulative[-1], side="right")
+
+    chunked = np.array([sc._draw_in_chunks(row, row, starts, u) for u in grid])
+    assert (chunked == one_pass(row)).all()
+    assert (row[chunked] > 0).all()  # never a zero-probability token
+    assert not (chunked == one_pass(wrong)).all()  # control: another row's draws differ
+
+
+def test_verify_at_a_long_vocabulary_reproduces_the_exact_outcome_law():
+    rng = np.random.default_rng(15)
+    p = np.stack([_long_row(rng, density=0.002) for _ in range(2)])  # (gamma + 1, V), gamma = 1
+    q = _long_row(rng, density=0.002)[None]  # about 16 tokens each: a few counts per cell
+    size, vocab = 10_000, p.shape[1]
+    tokens = rng.choice(vocab, size=(size, 1), p=q[0])
+    accepted, emitted = sc.verify(
+        np.broadcast_to(p, (size, 2, vocab)), np.broadcast_to(q, (size, 1, vocab)), tokens, rng
+    )
+    final = emitted[np.arange(size), accepted]
+    counts = np.bincount(accepted * vocab + final, minlength=2 * vocab)
+    law = outcome_law(p, q).ravel()
+    assert counts[law == 0].sum() == 0
+    kept = law > 0
+    assert sc.chi_square_p_value(counts[kept], law[kept] / law[kept].sum()) > P_PASS
+    # control: the law with the residual replaced by p is rejected by the same test
+    wrong = np.vstack([outcome_law(p, q)[:1].sum() * p[:1], outcome_law(p, q)[1:]]).ravel()
+    assert sc.chi_square_p_value(counts[kept], wrong[kept] / wrong[kept].sum()) < P_REJECT
+
+
 def test_read_only_and_broadcast_inputs():
     rng = np.random.default_rng(4)
     p, q, target, draft, tokens = batch(rng, 100, 2, 5)  # target and draft are broadcast views
