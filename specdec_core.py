@@ -450,15 +450,11 @@ def _row_sums(weights):
     return np.einsum("...v->...", weights)
 
 
-def _sample_cumulative(cumulative, u):
-    """Inverse-CDF draws (N,) from cumulative sums (N, V) of weights >= 0, given uniforms (N,)."""
-    scaled = u[:, None] * cumulative[:, -1:]  # below each row's total
-    return np.count_nonzero(cumulative <= scaled, axis=1)  # the first token whose sum passes u
-
-
 def _sample_rows(weights, rng):
     """One inverse-CDF draw from each row of non-negative weights (N, V) with a positive sum."""
-    return _sample_cumulative(weights.cumsum(axis=1), rng.random(len(weights)))
+    cumulative = weights.cumsum(axis=1)
+    scaled = rng.random(len(weights))[:, None] * cumulative[:, -1:]  # below each row's total
+    return np.count_nonzero(cumulative <= scaled, axis=1)  # the first token whose sum passes u
 
 
 def _cumsum_columns(columns):
@@ -486,20 +482,19 @@ CHUNK = 1024  # rows of at least 4 CHUNK tokens draw a chunk, then a token withi
 
 def _chunked_draw(weights, p_n, from_p, u):
     """_column_draw's law for long rows (b, V), one row at a time: few rows are this long."""
+    from_p = from_p | ~(_row_sums(weights) > 0)  # bonus, or a correction without mass: p
     starts = np.arange(0, weights.shape[1], CHUNK)
     draws = [
-        _draw_in_chunks(p if bonus else w, p, starts, r)
+        _draw_in_chunks(p if bonus else w, starts, r)
         for w, p, bonus, r in zip(weights, p_n, from_p, u)
     ]
     return np.array(draws, dtype=np.int64)
 
 
-def _draw_in_chunks(row, p_row, starts, u):
-    """A token of row (V,) by its chunk's mass, then by the rest of u; p_row if row has none."""
+def _draw_in_chunks(row, starts, u):
+    """A token of row (V,) with mass: a chunk by its mass, then a token by the rest of u."""
     masses = np.add.reduceat(row, starts)  # (chunks,)
     ends = np.cumsum(masses)
-    if not ends[-1] > 0:  # a correction without mass: draw from p instead
-        return _draw_in_chunks(p_row, p_row, starts, u)
     scaled = u * ends[-1]  # below the total
     chunk = np.searchsorted(ends, scaled, side="right")  # the chunk whose mass holds it
     before = ends[chunk - 1] if chunk else 0

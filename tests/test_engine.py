@@ -211,7 +211,7 @@ def test_a_long_row_draws_the_same_tokens_chunk_by_chunk_as_in_one_pass():
         cumulative = np.cumsum(weights)
         return np.searchsorted(cumulative, grid * cumulative[-1], side="right")
 
-    chunked = np.array([sc._draw_in_chunks(row, row, starts, u) for u in grid])
+    chunked = np.array([sc._draw_in_chunks(row, starts, u) for u in grid])
     assert (chunked == one_pass(row)).all()
     assert (row[chunked] > 0).all()  # never a zero-probability token
     assert not (chunked == one_pass(wrong)).all()  # control: another row's draws differ
@@ -235,6 +235,16 @@ def test_verify_at_a_long_vocabulary_reproduces_the_exact_outcome_law():
     # control: the law with the residual replaced by p is rejected by the same test
     wrong = np.vstack([outcome_law(p, q)[:1].sum() * p[:1], outcome_law(p, q)[1:]]).ravel()
     assert sc.chi_square_p_value(counts[kept], wrong[kept] / wrong[kept].sum()) < P_REJECT
+
+
+@pytest.mark.parametrize("vocab", [50, 5000])  # the column draw, and the chunked one
+def test_a_rejection_with_an_empty_residual_draws_from_p(vocab):
+    p = np.zeros((4, 2, vocab))
+    p[:, :, 7] = 1.0  # the target is sure of token 7, and the draft agrees: max(p − q, 0) = 0
+    q = p[:, :1].copy()
+    accepted, emitted = sc.verify(p, q, np.full((4, 1), 3), np.random.default_rng(16))
+    assert (accepted == 0).all()  # q(3) = 0: the drafted 3 is rejected ...
+    assert (emitted == [7, -1]).all()  # ... and p, not the empty residual, gives the token
 
 
 def test_read_only_and_broadcast_inputs():
