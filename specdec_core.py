@@ -450,11 +450,16 @@ def _row_sums(weights):
     return np.einsum("...v->...", weights)
 
 
+def _below(u, total):
+    """u·total, kept below total: u·total rounds up to a subnormal total of a few ulps."""
+    return np.minimum(u * total, np.nextafter(total, 0))
+
+
 def _sample_rows(weights, rng):
     """One inverse-CDF draw from each row of non-negative weights (N, V) with a positive sum."""
     cumulative = weights.cumsum(axis=1)
-    scaled = rng.random(len(weights))[:, None] * cumulative[:, -1:]  # below each row's total
-    return np.count_nonzero(cumulative <= scaled, axis=1)  # the first token whose sum passes u
+    scaled = _below(rng.random(len(weights)), cumulative[:, -1])
+    return np.count_nonzero(cumulative <= scaled[:, None], axis=1)  # first sum above u·total
 
 
 def _cumsum_columns(columns):
@@ -468,20 +473,20 @@ def _cumsum_columns(columns):
 
 def _column_draw(weights, p_n, from_p, u):
     """Inverse-CDF draws (b,) from rows of weights (b, V), or of p_n where from_p or no mass."""
-    columns = np.array(weights.T, dtype=float, order="C")  # (V, b), a copy
+    columns = np.array(weights.T, order="C")  # (V, b), a copy
     np.copyto(columns, p_n.T, where=from_p)
     cumulative = _cumsum_columns(columns)  # sums in index order, as cumsum along a row
     empty = cumulative[-1] <= 0
     if empty.any():
         cumulative[:, empty] = _cumsum_columns(np.array(p_n[empty].T, order="C"))
-    return np.count_nonzero(cumulative <= u * cumulative[-1], axis=0)  # first sum above u·total
+    return np.count_nonzero(cumulative <= _below(u, cumulative[-1]), axis=0)  # first sum above
 
 
 CHUNK = 1024  # rows of at least 4 CHUNK tokens draw a chunk, then a token within it
 
 
 def _chunked_draw(weights, p_n, from_p, u):
-    """_column_draw's law for long rows (b, V), one row at a time: few rows are this long."""
+    """_column_draw's draws for long rows (b, V), by _draw_in_chunks one row at a time."""
     from_p = from_p | ~(_row_sums(weights) > 0)  # bonus, or a correction without mass: p
     starts = np.arange(0, weights.shape[1], CHUNK)
     draws = [
@@ -495,7 +500,7 @@ def _draw_in_chunks(row, starts, u):
     """A token of row (V,) with mass: a chunk by its mass, then a token by the rest of u."""
     masses = np.add.reduceat(row, starts)  # (chunks,)
     ends = np.cumsum(masses)
-    scaled = u * ends[-1]  # below the total
+    scaled = _below(u, ends[-1])
     chunk = np.searchsorted(ends, scaled, side="right")  # the chunk whose mass holds it
     before = ends[chunk - 1] if chunk else 0
     rest = min((scaled - before) / masses[chunk], np.nextafter(1, 0))  # uniform on [0, 1)
@@ -504,7 +509,7 @@ def _draw_in_chunks(row, starts, u):
 
 
 def _final_token(p_n, q_n, is_bonus, u, rule):
-    """The token after the accepted ones (b,): bonus from p, else from the rule's correction."""
+    """The token after the accepted ones (b,): from p for a bonus, else the rule's correction."""
     draw = _chunked_draw if p_n.shape[1] >= 4 * CHUNK else _column_draw
     return draw(rule.correction(p_n, q_n), p_n, is_bonus, u)
 
@@ -534,11 +539,16 @@ def _blocks(probs):
 _REAL_KINDS = "fiu"  # float, signed and unsigned integer dtypes; not bool, complex or object
 
 
+def _at_least_float64(dtype):
+    """dtype promoted to float64 or wider: float32 sums drift, integer differences wrap."""
+    return np.promote_types(dtype, np.float64)
+
+
 def _rows_sum_to_one(probs):
     """True iff every row of probs (B, L, V) is >= 0 and sums to 1 ± 1e-6, in one read."""
     for block in _blocks(probs):
         part = probs[block]  # (b, L, V)
-        sums = np.einsum("...v->...", part, dtype=float)  # float64 sums, even of float32 rows
+        sums = np.einsum("...v->...", part, dtype=_at_least_float64(part.dtype))  # float32 too
         fine = sums.size == 0 or (sums.max() - 1 <= 1e-6 and 1 - sums.min() <= 1e-6)  # not NaN
         if not (fine and (part.size == 0 or part.min() >= 0)):  # the block is still in cache
             return False
@@ -546,9 +556,7 @@ def _rows_sum_to_one(probs):
 
 
 def _check_probs(probs, name):
-    """Raise unless probs (B, L, V) holds real, finite, non-negative rows summing to 1."""
-    if probs.dtype.kind not in _REAL_KINDS:
-        raise TypeError(f"{name} must hold real numbers (float or int), got dtype {probs.dtype}")
+    """Raise unless the real rows of probs (B, L, V) are finite, >= 0 and sum to 1."""
     if _rows_sum_to_one(probs):
         return
     if not np.all(np.isfinite(probs)):
@@ -635,26 +643,25 @@ def _entries(probs, draft_tokens, offsets):
 
 
 def _verify(target_probs, draft_probs, draft_tokens, rng, rule, check_rows=False):
-    """verify() for any Rule, one cache-sized block of the batch at a time.
-
-    With check_rows, each block's rows are checked as it is read, so the inputs come from memory
-    once; a batch that fails leaves rng as it found it.
-    """
+    """verify() for any Rule, a cache-sized block at a time; check_rows: each block's rows first."""
     batch, gamma = draft_tokens.shape
-    state = rng.bit_generator.state
+    state = rng.bit_generator.state  # a refused batch draws nothing: restored on an error
     u_tests = _test_uniforms(rng, batch, gamma, rule)  # (B, gamma)
     u_final = rng.random(batch)  # (B,)
     accepted, final = np.empty(batch, dtype=np.int64), np.empty(batch, dtype=np.int64)
     blocks = _blocks(target_probs)
-    size, vocab = blocks[0].stop if blocks else 0, target_probs.shape[2]
+    size, vocab = min(batch, blocks[0].stop) if blocks else 0, target_probs.shape[2]
     offsets = _cell_offsets(size, gamma, gamma + 1, vocab), _cell_offsets(size, gamma, gamma, vocab)
     for block in blocks:
-        target, draft = target_probs[block], draft_probs[block]  # (b, gamma+1, V), (b, gamma, V)
+        target, draft = (
+            probs[block].astype(_at_least_float64(probs.dtype), copy=False)
+            for probs in (target_probs, draft_probs)
+        )  # (b, gamma+1, V), (b, gamma, V)
         if check_rows:
             try:
                 _check_laws(target, draft)
-            except ValueError:
-                rng.bit_generator.state = state  # a refused batch draws nothing
+            except Exception:
+                rng.bit_generator.state = state
                 raise
         probs = target, rule.seen_q(draft)
         accepted[block], final[block] = _verify_block(

@@ -52,7 +52,7 @@ def outcome_law(p, q):
 @pytest.mark.parametrize(
     "vocab, gamma, zeros, block_rows",
     [(5, 1, False, None), (12, 3, True, None), (30, 5, False, None), (50, 2, True, None)]
-    + [(50, 2, True, 40)],  # 40 batch rows a block, fewer than V: the long-row final draw
+    + [(50, 2, True, 40)],  # 40 batch rows a block, fewer than V: numpy's cumsum down columns
 )
 def test_verify_reproduces_the_exact_outcome_law(monkeypatch, vocab, gamma, zeros, block_rows):
     if block_rows:
@@ -181,8 +181,8 @@ def test_verify_takes_float32_rows_of_an_engine_sized_vocabulary():
     vocab = 32_000
     draft = np.full((4, 2, vocab), 1 / vocab, dtype=np.float32)  # uniform rows, rounded to float32
     target = np.full((4, 3, vocab), 1 / vocab, dtype=np.float32)
-    # summed in float32 (numpy's default) these rows miss 1 by 5.7e-6, past the 1e-6 tolerance;
-    # the float64 sum of the same float32 entries misses it by 4.7e-8
+    # summed in float32 by einsum, as the previous check did, these rows miss 1 by 1.9e-5, past
+    # the 1e-6 tolerance; the float64 sum of the same float32 entries misses it by 4.7e-8
     assert abs(np.einsum("...v->...", draft) - 1).min() > 1e-6
     assert abs(draft.astype(float).sum(axis=-1) - 1).max() < 1e-7
     tokens = np.arange(8).reshape(4, 2)
@@ -196,7 +196,7 @@ def test_verify_takes_float32_rows_of_an_engine_sized_vocabulary():
 def _long_row(rng, vocab=5000, density=0.3):
     """A long row with exact zeros and mass in every chunk, the short last one included."""
     row = np.where(rng.random(vocab) < density, rng.random(vocab), 0.0)
-    row[[0, 1023, 1024, 4095, 4096, vocab - 1]] = [0.3, 0.01, 0.2, 0.05, 0.1, 0.02]
+    row[[0, 1023, 1024, 2500, 4095, 4096, vocab - 1]] = [0.3, 0.01, 0.2, 0.1, 0.05, 0.1, 0.02]
     return row / row.sum()
 
 
@@ -215,6 +215,90 @@ def test_a_long_row_draws_the_same_tokens_chunk_by_chunk_as_in_one_pass():
     assert (chunked == one_pass(row)).all()
     assert (row[chunked] > 0).all()  # never a zero-probability token
     assert not (chunked == one_pass(wrong)).all()  # control: another row's draws differ
+
+
+def test_a_uniform_just_below_a_chunk_boundary_stays_in_its_chunk():
+    # rows over many orders of magnitude, with zeros; at such a uniform the rest of u, rescaled
+    # to the chunk, can round up to 1, and unclipped it would step past the chunk's last token
+    # (in these 320 rows it did three times, each onto a token of weight 0)
+    rng = np.random.default_rng(7)
+    for _ in range(320):
+        vocab = int(rng.integers(4096, 20_000))
+        row = rng.random(vocab) ** rng.integers(1, 30)
+        row[rng.random(vocab) < rng.random()] = 0.0
+        starts = np.arange(0, vocab, sc.CHUNK)
+        ends = np.cumsum(np.add.reduceat(row, starts))
+        for end in ends:
+            below = np.nextafter(end / ends[-1], 0)
+            for u in (below, np.nextafter(below, 0)):
+                token = sc._draw_in_chunks(row, starts, min(u, np.nextafter(1, 0)))
+                assert token < vocab and row[token] > 0
+
+
+def test_seeded_outputs_are_those_of_the_previous_verify():
+    # commit e128b2f's verify on this batch: the uniforms are drawn in the same order
+    rng = np.random.default_rng(17)
+    target = rng.dirichlet(np.ones(6) * 0.7, size=(8, 4))
+    draft = rng.dirichlet(np.ones(6) * 0.7, size=(8, 3))
+    tokens = sc._sample_rows(draft.reshape(-1, 6), rng).reshape(8, 3)
+    accepted, emitted = sc.verify(target, draft, tokens, np.random.default_rng(18))
+    assert accepted.tolist() == [1, 1, 0, 3, 1, 1, 0, 1]
+    assert emitted.tolist() == [
+        [0, 5, -1, -1], [2, 2, -1, -1], [3, -1, -1, -1], [4, 2, 0, 0],
+        [1, 1, -1, -1], [4, 1, -1, -1], [2, -1, -1, -1], [4, 1, -1, -1],
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("vocab", [50, 5000])  # the column draw, and the chunked one
+def test_a_residual_of_a_few_subnormal_ulps_still_gives_a_token_inside_the_vocabulary(vocab):
+    p = np.zeros((60, 2, vocab))
+    p[:, :, 0], p[:, :, 10] = 1.0, 1.5e-323  # the residual's whole mass: 3 ulps at token 10
+    q = np.zeros((60, 1, vocab))
+    q[:, :, 0], q[:, :, 11] = 1.0, 1.5e-323
+    accepted, emitted = sc.verify(p, q, np.full((60, 1), 11), np.random.default_rng(20))
+    # p(11) = 0 rejects every draft; u·total rounds up to the total for some u, where a count
+    # of the sums at most u·total gave V (the previous version returned 50 in 17 of 60 rows)
+    assert (accepted == 0).all() and (emitted[:, 0] == 10).all()
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.int8, np.longdouble])
+def test_integer_and_long_double_rows_are_verified_in_at_least_float64(dtype):
+    p = np.zeros((100, 2, 6), dtype)
+    p[:, :, 3] = 1  # the target is sure of 3
+    q = np.zeros((100, 1, 6), dtype)
+    q[:, :, 5] = 1  # the draft is sure of 5
+    accepted, emitted = sc.verify(p, q, np.full((100, 1), 5), np.random.default_rng(21))
+    # in uint8, p − q wraps to 255 at token 5; the previous version summed that in int64 and
+    # emitted 5 in some rows
+    assert (accepted == 0).all() and (emitted[:, 0] == 3).all()
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.uint8, np.float64, np.longdouble])
+def test_the_rule_sees_rows_in_float64_or_wider(dtype):
+    seen = []
+
+    def correction(p, q):
+        """The exact residual, noting the dtype the verifier hands the rule."""
+        seen.append(p.dtype)
+        return sc._residual_weights(p, q)
+
+    spy = sc.Rule("spy", correction=correction)
+    p = np.zeros((4, 2, 6), dtype)
+    p[:, :, 3] = 1
+    q = np.zeros((4, 1, 6), dtype)
+    q[:, :, 5] = 1
+    sc._verify(p, q, np.full((4, 1), 5), np.random.default_rng(22), spy, check_rows=True)
+    # float32 running sums put the drawn law of a 32,000-token softmax row 1.5e-4 to 2e-4 off in
+    # total variation (5e-6 to 6e-6 by chunks of 1,024); unsigned differences wrap around
+    assert seen == [np.promote_types(dtype, np.float64)]
+
+
+def test_a_negative_entry_is_refused_even_when_its_row_sums_to_1():
+    target, draft, tokens = _valid()
+    target[0, 0, :2] = [1.2, -0.2]
+    target[0, 0, 2:] = 0
+    with pytest.raises(ValueError, match="target_probs has negative entries"):
+        sc.verify(target, draft, tokens, np.random.default_rng(0))
 
 
 def test_verify_at_a_long_vocabulary_reproduces_the_exact_outcome_law():
