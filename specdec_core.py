@@ -445,9 +445,14 @@ def _test_uniforms(rng, batch, gamma, rule):
     return np.broadcast_to(u, (batch, gamma))
 
 
+def _at_least_float64(dtype):
+    """dtype promoted to float64 or wider: float32 sums drift, integer differences wrap."""
+    return np.promote_types(dtype, np.float64)
+
+
 def _row_sums(weights):
-    """Σ over the last axis, (...,): einsum reads short rows far faster than sum(axis=-1)."""
-    return np.einsum("...v->...", weights)
+    """Σ over the last axis in float64 or wider, (...,): einsum reads short rows fastest."""
+    return np.einsum("...v->...", weights, dtype=_at_least_float64(weights.dtype))
 
 
 def _below(u, total):
@@ -524,8 +529,8 @@ def _emitted(draft_tokens, accepted, final):
     return tokens
 
 
-# The checks and the verifier walk the batch in blocks of about BLOCK_BYTES of one input, so
-# each block's temporaries stay in cache and the inputs come from memory once per pass.
+# The checks and the verifier walk the batch in blocks of about BLOCK_BYTES of one input:
+# numpy's temporaries stay block-sized, and verify() checks a block just before it verifies it.
 BLOCK_BYTES = 2**20
 
 
@@ -539,16 +544,11 @@ def _blocks(probs):
 _REAL_KINDS = "fiu"  # float, signed and unsigned integer dtypes; not bool, complex or object
 
 
-def _at_least_float64(dtype):
-    """dtype promoted to float64 or wider: float32 sums drift, integer differences wrap."""
-    return np.promote_types(dtype, np.float64)
-
-
 def _rows_sum_to_one(probs):
     """True iff every row of probs (B, L, V) is >= 0 and sums to 1 ± 1e-6, in one read."""
     for block in _blocks(probs):
         part = probs[block]  # (b, L, V)
-        sums = np.einsum("...v->...", part, dtype=_at_least_float64(part.dtype))  # float32 too
+        sums = _row_sums(part)  # a NaN or inf entry shows in its row's sum
         fine = sums.size == 0 or (sums.max() - 1 <= 1e-6 and 1 - sums.min() <= 1e-6)  # not NaN
         if not (fine and (part.size == 0 or part.min() >= 0)):  # the block is still in cache
             return False
