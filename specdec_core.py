@@ -451,8 +451,10 @@ def _at_least_float64(dtype):
 
 
 def _row_sums(weights):
-    """Σ over the last axis in float64 or wider, (...,): einsum reads short rows fastest."""
-    return np.einsum("...v->...", weights, dtype=_at_least_float64(weights.dtype))
+    """Σ over the last axis in float64 or wider, (...,), as one matrix-vector product."""
+    *lead, vocab = weights.shape
+    ones = np.ones(vocab, dtype=_at_least_float64(weights.dtype))
+    return (weights.reshape(math.prod(lead), vocab) @ ones).reshape(lead)  # BLAS for float64
 
 
 def _below(u, total):
@@ -479,12 +481,14 @@ def _cumsum_columns(columns):
 def _column_draw(weights, p_n, from_p, u):
     """Inverse-CDF draws (b,) from rows of weights (b, V), or of p_n where from_p or no mass."""
     columns = np.array(weights.T, order="C")  # (V, b), a copy
-    np.copyto(columns, p_n.T, where=from_p)
+    bonus = np.flatnonzero(from_p)
+    columns[:, bonus] = p_n[bonus].T
     cumulative = _cumsum_columns(columns)  # sums in index order, as cumsum along a row
     empty = cumulative[-1] <= 0
     if empty.any():
         cumulative[:, empty] = _cumsum_columns(np.array(p_n[empty].T, order="C"))
-    return np.count_nonzero(cumulative <= _below(u, cumulative[-1]), axis=0)  # first sum above
+    below = cumulative <= _below(u, cumulative[-1])  # (V, b): the sums below u·total
+    return below.sum(axis=0, dtype=np.min_scalar_type(len(below)))  # the first sum above
 
 
 CHUNK = 1024  # rows of at least 4 CHUNK tokens draw a chunk, then a token within it
@@ -548,9 +552,10 @@ def _rows_sum_to_one(probs):
     """True iff every row of probs (B, L, V) is >= 0 and sums to 1 ± 1e-6, in one read."""
     for block in _blocks(probs):
         part = probs[block]  # (b, L, V)
-        sums = _row_sums(part)  # a NaN or inf entry shows in its row's sum
-        fine = sums.size == 0 or (sums.max() - 1 <= 1e-6 and 1 - sums.min() <= 1e-6)  # not NaN
-        if not (fine and (part.size == 0 or part.min() >= 0)):  # the block is still in cache
+        if part.size and not part.min() >= 0:  # a negative entry or a NaN
+            return False
+        sums = _row_sums(part)  # an inf entry shows in its row's sum
+        if sums.size and not (sums.max() - 1 <= 1e-6 and 1 - sums.min() <= 1e-6):
             return False
     return True
 
