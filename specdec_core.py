@@ -1620,6 +1620,10 @@ def law_total_variation(law, reference):
     return sum(abs(a - b) for a, b in zip(law, reference)) / 2
 
 
+DETECT_LEVEL = 1e-3  # the chi-square test that sizes a CI suite: its level ...
+DETECT_POWER = 0.8  # ... and the power it should have against a bug
+
+
 @functools.lru_cache(maxsize=256)
 def noncentrality_needed(df, level, power):
     """λ at which Pearson's test on df degrees of freedom at `level` rejects w.p. `power`."""
@@ -1627,7 +1631,7 @@ def noncentrality_needed(df, level, power):
     return float(optimize.brentq(lambda lam: stats.ncx2.sf(critical, df, lam) - power, 1e-9, 1e7))
 
 
-def samples_to_detect(law, reference, level=1e-3, power=0.8):
+def samples_to_detect(law, reference, level=DETECT_LEVEL, power=DETECT_POWER):
     """Draws a chi-square test of reference needs to reject law w.p. power: (n, reason).
 
     On the reference's support, n = λ / Σ (law − ref)² / ref (noncentral chi-square); a draw
@@ -1717,7 +1721,7 @@ def _outcome(code, k):
     return "".join(show_token(VOCAB[code // V ** (k - 1 - i) % V]) for i in range(k))
 
 
-def bug_rows(k=3, gamma=2, w=SETTINGS_W, level=1e-3, power=0.8):
+def bug_rows(k=3, gamma=2, w=SETTINGS_W, level=DETECT_LEVEL, power=DETECT_POWER):
     """Per bug: exact TV of k tokens from p', the most over- and under-made outcome, and the
     draws a chi-square test at `level` needs for `power` (floats; see tiny_clamp_row)."""
     reference = processed_target_law(k, USER_SETTINGS, exact=False)
@@ -3381,7 +3385,12 @@ def plot_bug_power(rows):
     chi = np.array([r["caught by"] == "chi-square" for r in rows])
     for ax, key, label, title in (
         (top, "TV", "exact TV from p′ (three tokens)", "How far each bug moves the law"),
-        (bottom, "draws to catch", "draws for 80 % power at level 1e-3", "What a test needs"),
+        (
+            bottom,
+            "draws to catch",
+            f"draws for {DETECT_POWER:.0%} power at level {DETECT_LEVEL:g}",
+            "What a test needs",
+        ),
     ):
         values = np.array([r[key] for r in rows])
         ax.hlines(y, values.min() / 3, values, color="0.8", linewidth=1)

@@ -15,6 +15,8 @@ import jupytext
 import nbformat
 import pytest
 import yaml
+from jupyter_cache import get_cache
+from jupyter_cache.base import CacheBundleIn
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
 
@@ -38,6 +40,16 @@ def test_every_page_in_the_toc_exists_and_its_code_is_run_here():
 
 
 EXECUTED = ROOT / "_build" / "jupyter_execute" / "book"
+CACHE = ROOT / "_build" / ".jupyter_cache"
+
+
+def build_run(source, built):
+    """The run behind a built notebook: itself, or, when the build merged outputs from the
+    execution cache (a text-only edit: no execution counts), the cached run of source's code."""
+    if any(c.execution_count for c in built.cells if c.cell_type == "code"):
+        return built
+    cache = get_cache(CACHE)
+    return cache.get_cache_bundle(cache.match_cache_notebook(source).pk).nb  # KeyError: no run
 
 
 def execution_problems(source, executed):
@@ -60,7 +72,8 @@ def execution_problems(source, executed):
 def test_chapter_executed_in_the_build_without_error(chapter):
     executed = EXECUTED / f"{chapter.stem}.ipynb"
     assert executed.exists(), "run `make` first: the build executes every chapter"
-    problems = execution_problems(jupytext.read(chapter), nbformat.read(executed, as_version=4))
+    source = jupytext.read(chapter)
+    problems = execution_problems(source, build_run(source, nbformat.read(executed, as_version=4)))
     assert not problems, problems
 
 
@@ -73,6 +86,20 @@ def test_the_execution_check_can_fail():
     assert execution_problems(source, failed) == ["cell 0 raised ZeroDivisionError"]
     assert execution_problems(source, unrun) == ["cell 0 never ran"]
     assert execution_problems(source, stale) == ["its code differs from the source"]
+
+
+def test_a_build_from_the_cache_is_judged_by_the_cached_run(tmp_path, monkeypatch):
+    monkeypatch.setattr(sys.modules[__name__], "CACHE", tmp_path)
+    source = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("1 / 0")])
+    merged = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("1 / 0")])  # no count
+    with pytest.raises(KeyError):
+        build_run(source, merged)  # nothing cached: no run to vouch for it
+    run = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("1 / 0", execution_count=1)])
+    run.cells[0].outputs = [nbformat.v4.new_output("error", ename="ZeroDivisionError")]
+    get_cache(tmp_path).cache_notebook_bundle(CacheBundleIn(run, uri="run.ipynb"))
+    assert execution_problems(source, build_run(source, merged)) == [
+        "cell 0 raised ZeroDivisionError"
+    ]
 
 
 def test_a_failing_cell_fails_execution(tmp_path):
