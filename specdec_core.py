@@ -451,10 +451,8 @@ def _at_least_float64(dtype):
 
 
 def _row_sums(weights):
-    """Σ over the last axis in float64 or wider, (...,), as one matrix-vector product."""
-    *lead, vocab = weights.shape
-    ones = np.ones(vocab, dtype=_at_least_float64(weights.dtype))
-    return (weights.reshape(math.prod(lead), vocab) @ ones).reshape(lead)  # BLAS for float64
+    """Σ over the last axis in float64 or wider, (...,)."""
+    return np.einsum("...v->...", weights, dtype=_at_least_float64(weights.dtype))
 
 
 def _below(u, total):
