@@ -479,14 +479,12 @@ def _cumsum_columns(columns):
 def _column_draw(weights, p_n, from_p, u):
     """Inverse-CDF draws (b,) from rows of weights (b, V), or of p_n where from_p or no mass."""
     columns = np.array(weights.T, order="C")  # (V, b), a copy
-    bonus = np.flatnonzero(from_p)
-    columns[:, bonus] = p_n[bonus].T
+    np.copyto(columns, p_n.T, where=from_p)
     cumulative = _cumsum_columns(columns)  # sums in index order, as cumsum along a row
     empty = cumulative[-1] <= 0
     if empty.any():
         cumulative[:, empty] = _cumsum_columns(np.array(p_n[empty].T, order="C"))
-    below = cumulative <= _below(u, cumulative[-1])  # (V, b): the sums below u·total
-    return below.sum(axis=0, dtype=np.min_scalar_type(len(below)))  # the first sum above
+    return np.count_nonzero(cumulative <= _below(u, cumulative[-1]), axis=0)  # first sum above
 
 
 CHUNK = 1024  # rows of at least 4 CHUNK tokens draw a chunk, then a token within it
