@@ -513,10 +513,15 @@ def _draw_in_chunks(row, starts, u):
     return starts[chunk] + np.searchsorted(cumulative, rest * cumulative[-1], side="right")
 
 
+def _draw_final(weights, p_n, from_p, u):
+    """Inverse-CDF draws (b,) from weights (b, V), or from p_n where from_p or no mass."""
+    draw = _chunked_draw if p_n.shape[1] >= 4 * CHUNK else _column_draw
+    return draw(weights, p_n, from_p, u)
+
+
 def _final_token(p_n, q_n, is_bonus, u, rule):
     """The token after the accepted ones (b,): from p for a bonus, else the rule's correction."""
-    draw = _chunked_draw if p_n.shape[1] >= 4 * CHUNK else _column_draw
-    return draw(rule.correction(p_n, q_n), p_n, is_bonus, u)
+    return _draw_final(rule.correction(p_n, q_n), p_n, is_bonus, u)
 
 
 def _emitted(draft_tokens, accepted, final):
@@ -1452,7 +1457,10 @@ def process(rows, seen, settings):
         top_p = as_fraction(settings.top_p) if weights.dtype == object else settings.top_p
         weights = _keep_top(weights, _top_p_count(weights, top_p))
     law = weights / weights.sum(axis=1, keepdims=True)
-    return _bf16(law) / _bf16(law).sum(axis=1, keepdims=True) if settings.bf16 else law
+    if not settings.bf16:
+        return law
+    rounded = _bf16(law)
+    return rounded / rounded.sum(axis=1, keepdims=True)
 
 
 PROMPT = "to be or no"  # the context of every chapter 6 law; its tokens count for penalties
@@ -1665,10 +1673,9 @@ def rule_verifier(rule):
         p_n = _rows_at(target_probs, accepted)  # (B, V)
         q_n = _rows_at(draft_probs, last) if gamma else p_n
         x_n = draft_tokens[np.arange(batch), last] if gamma else np.zeros(batch, int)
-        law = np.where((accepted == gamma)[:, None], p_n, rule.correction(p_n, q_n, x_n))
-        empty = _row_sums(law) <= 0  # the rule's law is p where its correction has no mass
-        law[empty] = p_n[empty]
-        return accepted, _emitted(draft_tokens, accepted, _sample_rows(law, rng))
+        weights = rule.correction(p_n, q_n, x_n)  # drawn from p for a bonus or without mass
+        final = _draw_final(weights, p_n, accepted == gamma, rng.random(batch))
+        return accepted, _emitted(draft_tokens, accepted, final)
 
     verify_fn.__name__ = verify_fn.__qualname__ = f"rule_verifier({rule.name!r})"
     return verify_fn
