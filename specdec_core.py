@@ -450,14 +450,25 @@ def _at_least_float64(dtype):
     return np.promote_types(dtype, np.float64)
 
 
+CHUNK = 1024  # rows of at least LONG_ROW tokens draw a chunk, then a token within it
+LONG_ROW = 4 * CHUNK
+
+
 def _row_sums(weights):
-    """Σ over the last axis in float64 or wider, (...,)."""
-    return np.einsum("...v->...", weights, dtype=_at_least_float64(weights.dtype))
+    """Σ over the last axis in float64 or wider, (...,): BLAS for short rows, einsum for long."""
+    dtype, vocab = _at_least_float64(weights.dtype), weights.shape[-1]
+    if vocab >= LONG_ROW:  # a few long rows: einsum's own loop is faster
+        return np.einsum("...v->...", weights, dtype=dtype)
+    rows = weights.reshape(math.prod(weights.shape[:-1]), vocab)  # (N, V)
+    return (rows @ np.ones(vocab, dtype)).reshape(weights.shape[:-1])  # many short rows: gemv
 
 
 def _below(u, total):
     """u·total, kept below total: u·total rounds up to a subnormal total of a few ulps."""
-    return np.minimum(u * total, np.nextafter(total, 0))
+    scaled = u * total
+    if (scaled < total).all():  # always, but where a total is subnormal: u <= 1 - 2**-53
+        return scaled
+    return np.minimum(scaled, np.nextafter(total, 0))
 
 
 def _sample_rows(weights, rng):
@@ -479,15 +490,13 @@ def _cumsum_columns(columns):
 def _column_draw(weights, p_n, from_p, u):
     """Inverse-CDF draws (b,) from rows of weights (b, V), or of p_n where from_p or no mass."""
     columns = np.array(weights.T, order="C")  # (V, b), a copy
-    np.copyto(columns, p_n.T, where=from_p)
+    bonus = np.flatnonzero(from_p)
+    columns[:, bonus] = p_n[bonus].T
     cumulative = _cumsum_columns(columns)  # sums in index order, as cumsum along a row
     empty = cumulative[-1] <= 0
     if empty.any():
         cumulative[:, empty] = _cumsum_columns(np.array(p_n[empty].T, order="C"))
     return np.count_nonzero(cumulative <= _below(u, cumulative[-1]), axis=0)  # first sum above
-
-
-CHUNK = 1024  # rows of at least 4 CHUNK tokens draw a chunk, then a token within it
 
 
 def _chunked_draw(weights, p_n, from_p, u):
@@ -515,7 +524,7 @@ def _draw_in_chunks(row, starts, u):
 
 def _draw_final(weights, p_n, from_p, u):
     """Inverse-CDF draws (b,) from weights (b, V), or from p_n where from_p or no mass."""
-    draw = _chunked_draw if p_n.shape[1] >= 4 * CHUNK else _column_draw
+    draw = _chunked_draw if p_n.shape[1] >= LONG_ROW else _column_draw
     return draw(weights, p_n, from_p, u)
 
 
@@ -549,16 +558,17 @@ def _blocks(probs):
 _REAL_KINDS = "fiu"  # float, signed and unsigned integer dtypes; not bool, complex or object
 
 
+def _is_law(part):
+    """True iff every row of part (b, L, V) is >= 0 and sums to 1 ± 1e-6."""
+    if part.size and not part.min() >= 0:  # a negative entry or a NaN
+        return False
+    sums = _row_sums(part)  # an inf entry shows in its row's sum
+    return not sums.size or (sums.max() - 1 <= 1e-6 and 1 - sums.min() <= 1e-6)
+
+
 def _rows_sum_to_one(probs):
     """True iff every row of probs (B, L, V) is >= 0 and sums to 1 ± 1e-6, in one read."""
-    for block in _blocks(probs):
-        part = probs[block]  # (b, L, V)
-        if part.size and not part.min() >= 0:  # a negative entry or a NaN
-            return False
-        sums = _row_sums(part)  # an inf entry shows in its row's sum
-        if sums.size and not (sums.max() - 1 <= 1e-6 and 1 - sums.min() <= 1e-6):
-            return False
-    return True
+    return all(_is_law(probs[block]) for block in _blocks(probs))
 
 
 def _check_probs(probs, name):
@@ -632,7 +642,8 @@ def _rows_at(probs, positions):
     rows = np.arange(batch)
     if not probs.flags.c_contiguous:  # e.g. a broadcast view: index it in place, no copy
         return probs[rows, positions]
-    return np.take(probs.reshape(batch * length, vocab), rows * length + positions, axis=0)
+    flat = probs.reshape(batch * length, vocab)  # the positions are in range: "clip" is a no-op,
+    return np.take(flat, rows * length + positions, axis=0, mode="clip")  # faster than "raise"
 
 
 def _cell_offsets(batch, gamma, length, vocab):
@@ -663,12 +674,9 @@ def _verify(target_probs, draft_probs, draft_tokens, rng, rule, check_rows=False
             probs[block].astype(_at_least_float64(probs.dtype), copy=False)
             for probs in (target_probs, draft_probs)
         )  # (b, gamma+1, V), (b, gamma, V)
-        if check_rows:
-            try:
-                _check_laws(target, draft)
-            except Exception:
-                rng.bit_generator.state = state
-                raise
+        if check_rows and not (_is_law(target) and _is_law(draft)):
+            rng.bit_generator.state = state
+            _check_laws(target, draft)  # raises, naming the input and its fault
         probs = target, rule.seen_q(draft)
         accepted[block], final[block] = _verify_block(
             probs, draft_tokens[block], offsets, u_tests[block], u_final[block], rule
