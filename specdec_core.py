@@ -2522,15 +2522,16 @@ def _argmax_one_hot(p):
     return np.eye(p.shape[-1])[np.argmax(p, axis=-1)]
 
 
-def medusa_rule(scale=1.0):
-    """Medusa's typical acceptance: keep x iff p(x) > min(ε, δ·e^{−H(p)}), else argmax p.
+def _medusa_threshold(p, scale=1.0):
+    """min(ε, δ·e^{−H(p)}) of rows p, (…, 1), with (ε, δ) = scale·(0.09, 0.3): Medusa's defaults."""
+    return np.minimum(0.09 * scale, 0.3 * scale * np.exp(-_entropy(p)))
 
-    (ε, δ) = scale·(0.09, 0.3), Medusa's defaults at scale 1.
-    """
-    eps, delta = 0.09 * scale, 0.3 * scale
+
+def medusa_rule(scale=1.0):
+    """Medusa's typical acceptance: keep x iff p(x) > _medusa_threshold(p, scale), else argmax p."""
     return Rule(
         f"Medusa typical, scale {scale:g}",
-        accept=lambda p, q: (p > np.minimum(eps, delta * np.exp(-_entropy(p)))) * 1.0,
+        accept=lambda p, q: (p > _medusa_threshold(p, scale)) * 1.0,
         correction=lambda p, q: _argmax_one_hot(p),
     )
 
