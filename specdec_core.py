@@ -2728,7 +2728,7 @@ def plot_lossy_frontier(rows, exact_points):
         ylabel="tokens per target call",
         title="Lossy verifiers: speed against error",
     )
-    fig.legend(loc="lower center", ncol=2, bbox_to_anchor=(0.5, -0.16))
+    fig.legend(loc="lower center", ncol=2, bbox_to_anchor=(0.5, -0.22))
     return fig
 
 
@@ -2890,17 +2890,17 @@ BOOK_STYLE = {  # sized to be read on a phone: a 6.4-inch figure shows at 342 px
     "figure.dpi": 100,  # displayed at 100 px per inch, stored at 200 (retina PNG, below)
     "savefig.dpi": 200,
     "savefig.bbox": "tight",
-    "font.size": 12,
-    "axes.titlesize": 12.5,
-    "axes.labelsize": 12,
-    "xtick.labelsize": 11,
-    "ytick.labelsize": 11,
+    "font.size": 14,
+    "axes.titlesize": 14.5,
+    "axes.labelsize": 14,
+    "xtick.labelsize": 13,
+    "ytick.labelsize": 13,
     "axes.spines.top": False,
     "axes.spines.right": False,
     "axes.grid": True,
     "grid.alpha": 0.3,
     "legend.frameon": False,
-    "legend.fontsize": 10.5,
+    "legend.fontsize": 11.5,
     "lines.linewidth": 2,
     "lines.markersize": 7,
     "svg.hashsalt": "exact-by-construction",
