@@ -467,7 +467,7 @@ def _row_sums(weights):
 def _below(u, total):
     """u·total, kept below total: u·total rounds up to a subnormal total of a few ulps."""
     scaled = u * total
-    if (scaled < total).all():  # always, but where a total is subnormal: u <= 1 - 2**-53
+    if (scaled < total).all():  # true unless a total is subnormal, as u <= 1 - 2**-53
         return scaled
     return np.minimum(scaled, np.nextafter(total, 0))
 
@@ -643,8 +643,9 @@ def _rows_at(probs, positions):
     rows = np.arange(batch)
     if not probs.flags.c_contiguous:  # e.g. a broadcast view: index it in place, no copy
         return probs[rows, positions]
-    flat = probs.reshape(batch * length, vocab)  # positions are accepted counts, in [0, length):
-    return np.take(flat, rows * length + positions, axis=0, mode="clip")  # no clip, no "raise" cost
+    flat = probs.reshape(batch * length, vocab)
+    index = rows * length + positions  # positions are accepted counts in [0, length)
+    return np.take(flat, index, axis=0, mode="clip")  # never clips; skips "raise"'s slow path
 
 
 def _cell_offsets(batch, gamma, length, vocab):
