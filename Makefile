@@ -7,7 +7,7 @@ SUPPORTED := 3.11 3.12 3.13
 VENV   := .venv
 BIN    := $(VENV)/bin
 SITE   := _build/html
-PY_SOURCES := specdec_core.py tiny_transformer.py scripts tests
+PY_SOURCES := specdec_core.py specdec scripts tests
 CHAPTERS := $(wildcard book/*.md)
 NOTEBOOKS := $(patsubst book/%.md,book/_notebooks/%.ipynb,$(filter book/ch%,$(CHAPTERS)))
 
@@ -54,8 +54,8 @@ $(BIN)/.lab-installed: $(BIN)/.installed requirements-lab.txt
 	touch $@
 
 # The execution cache keys on a chapter's own code only: drop it, and the pages and images made
-# from it, whenever a module (the core, chapter 8's transformer) or the installed packages change.
-_build/.core-stamp: specdec_core.py tiny_transformer.py $(BIN)/.installed
+# from it, whenever a module (the front door or the package) or the installed packages change.
+_build/.core-stamp: specdec_core.py $(wildcard specdec/*.py) $(BIN)/.installed
 	rm -rf _build/.jupyter_cache _build/.doctrees _build/jupyter_execute $(SITE)
 	@mkdir -p $(@D)
 	touch $@

@@ -10,6 +10,7 @@ import time
 import numpy as np
 
 import specdec_core as sc
+from specdec.verify import _sample_rows
 
 
 class CountingGenerator(np.random.Generator):
@@ -95,7 +96,7 @@ def verify_batch(batch, gamma, vocab):
     rng = np.random.default_rng(0)
     target = rng.dirichlet(np.ones(vocab), size=(batch, gamma + 1))
     draft = rng.dirichlet(np.ones(vocab), size=(batch, gamma))
-    tokens = sc._sample_rows(draft.reshape(-1, vocab), rng).reshape(batch, gamma)
+    tokens = _sample_rows(draft.reshape(-1, vocab), rng).reshape(batch, gamma)
     return target, draft, tokens
 
 

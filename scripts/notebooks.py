@@ -328,10 +328,14 @@ def _requirements(root):
     return "".join(f"{name}=={pins[name]}\n" for name in runtime)
 
 
-def _modules(root):
-    """The core and every module beside it that pyproject.toml ships."""
-    config = tomllib.loads((root / "pyproject.toml").read_text())
-    return [root / f"{name}.py" for name in config["tool"]["setuptools"]["py-modules"]]
+def _shipped(root):
+    """The front door, the package and every file pyproject.toml ships with it, as paths."""
+    config = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]
+    files = [root / f"{name}.py" for name in config["py-modules"]]
+    for package in config["packages"]:
+        patterns = ["*.py", *config.get("package-data", {}).get(package, [])]
+        files += sorted({f for pattern in patterns for f in (root / package).glob(pattern)})
+    return files
 
 
 def write_all(app, root, outdir, archive_name, unpacked):
@@ -353,8 +357,10 @@ def write_all(app, root, outdir, archive_name, unpacked):
         for target in targets:
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_text(text, encoding="utf-8")
-    for module in _modules(root):
-        shutil.copy(module, unpacked / module.name)
+    for path in _shipped(root):
+        target = unpacked / path.relative_to(root)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(path, target)
     (unpacked / "requirements.txt").write_text(_requirements(root))
     (unpacked / "README.md").write_text(
         "# Exact by Construction: the chapters as notebooks\n\n"
@@ -363,7 +369,8 @@ def write_all(app, root, outdir, archive_name, unpacked):
         "them again from seeded generators (timings excepted).\n"
     )
     with zipfile.ZipFile(outdir / archive_name, "w", zipfile.ZIP_DEFLATED) as archive:
-        for path in sorted(unpacked.iterdir()):
-            info = zipfile.ZipInfo(f"exact-by-construction/{path.name}", (2026, 1, 1, 0, 0, 0))
+        for path in sorted(p for p in unpacked.rglob("*") if p.is_file()):
+            name = path.relative_to(unpacked).as_posix()
+            info = zipfile.ZipInfo(f"exact-by-construction/{name}", (2026, 1, 1, 0, 0, 0))
             info.compress_type, info.external_attr = zipfile.ZIP_DEFLATED, 0o644 << 16
             archive.writestr(info, path.read_bytes())

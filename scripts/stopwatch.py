@@ -6,7 +6,7 @@ the timing thread with one BLAS thread; they differ from run to run and machine 
 
 import argparse
 
-import tiny_transformer as tt
+from specdec import transformer as tt
 
 
 def main():

@@ -8,6 +8,9 @@ import pytest
 from conftest import P_PASS, P_REJECT
 
 import specdec_core as sc
+from specdec.block import _block_tables, _tau_law_block
+from specdec.multidraft import _drop, _spectr_final, _spectr_rho, _spectr_start, _top_k_order
+from specdec.verify import _sample_rows
 
 F = Fraction
 
@@ -39,18 +42,18 @@ def test_forgetting_to_renormalise_q_changes_the_law(k):
 def test_spectr_residual_at_rho_star_is_the_positive_part_of_p_minus_rho_q():
     p, q = rows_at("t", 0.3, exact=False)
     for k in (2, 3, 4):
-        state = sc._spectr_start(p, q, k)
+        state = _spectr_start(p, q, k)
         rho = state[2]
         beta = np.minimum(q, p / rho).sum()
         assert 1 - (1 - beta) ** k == pytest.approx(rho * beta, abs=1e-12)  # ρ* solves it
         expected = np.maximum(p - rho * q, 0) / np.maximum(p - rho * q, 0).sum()
-        assert np.allclose(sc._spectr_final(state), expected, atol=1e-9)
-    assert sc._spectr_rho(p, q, 1) == 1  # one candidate: the single-draft rule
+        assert np.allclose(_spectr_final(state), expected, atol=1e-9)
+    assert _spectr_rho(p, q, 1) == 1  # one candidate: the single-draft rule
 
 
 def test_eagle_top_k_accepts_exactly_the_target_mass_of_the_top_k():
     p, q = rows_at("t", F(3, 10))
-    order = sc._top_k_order(q)
+    order = _top_k_order(q)
     for k in (1, 2, 3, 4):
         rule = sc.MULTI_DRAFT_RULES["EAGLE-2 top-k"]
         assert sc.multi_draft_acceptance(rule, p, q, k) == sum(p[order[:k]])
@@ -215,8 +218,8 @@ def test_a_block_step_that_draws_from_p_after_a_rejection_is_not_exact():
     rng = np.random.default_rng(3)
     target_row, draft_row = random_fraction_model(rng, 3, 2, low=1)
     paths = sc.draft_paths(target_row, draft_row, 2, 3)
-    h, _ = sc._block_tables(paths.target, paths.draft, paths.tokens)
-    tau = sc._tau_law_block(h)
+    h, _ = _block_tables(paths.target, paths.draft, paths.tokens)
+    tau = _tau_law_block(h)
     law = {}
     for tokens, mass, stops, rows in zip(paths.tokens, paths.prob, tau, paths.target):
         for i, stop in enumerate(stops):  # negative control: p in place of the residual
@@ -360,7 +363,7 @@ def test_greedy_target_and_one_hot_draft_reduce_the_rule():
     b = 3
     one_hot = np.array([F(int(i == b)) for i in range(sc.V)], dtype=object)
     accept, residual = sc.EXACT_RULE.tables(p, one_hot)
-    assert accept[b] == p[b] and (residual == sc._drop(p, b)).all()
+    assert accept[b] == p[b] and (residual == _drop(p, b)).all()
 
 
 def test_strict_verification_accepts_less_than_the_rule():
@@ -383,7 +386,7 @@ def block_verify_correcting_from_p(target_probs, draft_probs, draft_tokens, rng)
     accepted, tokens = sc.block_verify(target_probs, draft_probs, draft_tokens, rng)
     rows = np.arange(len(accepted))
     rejected = rows[accepted < draft_tokens.shape[1]]
-    fresh = sc._sample_rows(target_probs[rejected, accepted[rejected]], rng)
+    fresh = _sample_rows(target_probs[rejected, accepted[rejected]], rng)
     tokens[rejected, accepted[rejected]] = fresh
     return accepted, tokens
 

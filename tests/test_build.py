@@ -28,9 +28,9 @@ def fake_python(folder, version):
 
 def project_copy(tmp_path):
     """The Makefile and the files its rules read, in tmp_path, with .venv and the build stamped."""
-    modules = ("specdec_core.py", "tiny_transformer.py")
-    for name in ("Makefile", "requirements.txt", "pyproject.toml", *modules):
+    for name in ("Makefile", "requirements.txt", "pyproject.toml", "specdec_core.py"):
         shutil.copy(ROOT / name, tmp_path / name)
+    shutil.copytree(ROOT / "specdec", tmp_path / "specdec", ignore=shutil.ignore_patterns("__py*"))
     (tmp_path / "scripts").mkdir()
     shutil.copy(ROOT / "scripts" / "ipython_kernel_config.py", tmp_path / "scripts")
     (tmp_path / ".venv" / "bin").mkdir(parents=True)
@@ -90,7 +90,10 @@ def test_the_supported_versions_agree_in_makefile_pyproject_and_readme():
 # ---- stale outputs: the execution cache and the site's images -----------------------------------
 
 
-@pytest.mark.parametrize("changed", ["requirements.txt", "specdec_core.py", "tiny_transformer.py"])
+@pytest.mark.parametrize(
+    "changed",
+    ["requirements.txt", "specdec_core.py", "specdec/verify.py", "specdec/transformer.py"],
+)
 def test_a_changed_core_or_package_set_drops_the_cache_and_the_old_images(tmp_path, changed):
     project = project_copy(tmp_path)
     (project / "_build" / ".jupyter_cache").mkdir()
@@ -126,8 +129,11 @@ def test_pyproject_declares_the_runtime_dependencies_and_the_pins_satisfy_them()
 
 
 def test_every_module_the_core_and_chapters_import_is_declared_or_standard():
-    own = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["py-modules"]
-    code = [(ROOT / f"{module}.py").read_text() for module in own] + [
+    setup = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    own = setup["py-modules"] + setup["packages"]
+    files = [ROOT / f"{m}.py" for m in setup["py-modules"]]
+    files += [f for package in setup["packages"] for f in (ROOT / package).glob("*.py")]
+    code = [f.read_text() for f in files] + [
         cell.source
         for chapter in (ROOT / "book").glob("ch*.md")
         for cell in jupytext.read(chapter).cells

@@ -7,7 +7,10 @@ import pytest
 from conftest import P_PASS, P_REJECT
 from scipy.stats import chi2_contingency
 
+import specdec.verify
 import specdec_core as sc
+from specdec.rule import _residual_weights
+from specdec.verify import _draw_in_chunks, _sample_rows, _verify
 
 
 def random_rows(rng, shape, zeros=False):
@@ -56,7 +59,7 @@ def outcome_law(p, q):
 )
 def test_verify_reproduces_the_exact_outcome_law(monkeypatch, vocab, gamma, zeros, block_rows):
     if block_rows:
-        monkeypatch.setattr(sc, "BLOCK_BYTES", block_rows * (gamma + 1) * vocab * 8)
+        monkeypatch.setattr(specdec.verify, "BLOCK_BYTES", block_rows * (gamma + 1) * vocab * 8)
     rng = np.random.default_rng(vocab * 10 + gamma)
     p, q, target, draft, tokens = batch(rng, 200_000, gamma, vocab, zeros)
     accepted, emitted = sc.verify(target, draft, tokens, rng)
@@ -135,7 +138,7 @@ def _contiguous_batch(seed, size, gamma, vocab):
     rng = np.random.default_rng(seed)
     target = random_rows(rng, (size, gamma + 1, vocab), zeros=True)
     draft = random_rows(rng, (size, gamma, vocab), zeros=True)
-    tokens = sc._sample_rows(draft.reshape(-1, vocab), rng).reshape(size, gamma)
+    tokens = _sample_rows(draft.reshape(-1, vocab), rng).reshape(size, gamma)
     return target, draft, tokens
 
 
@@ -148,7 +151,7 @@ def test_verify_gives_the_same_tokens_for_any_block_size_and_memory_layout(
     # one batch row a block (rows longer than the block: numpy's cumsum along each row), a
     # few rows, and the whole batch in one block (rows shorter: the column-by-column sums)
     for block_bytes in (1, 2**14, 2**30):
-        monkeypatch.setattr(sc, "BLOCK_BYTES", block_bytes)
+        monkeypatch.setattr(specdec.verify, "BLOCK_BYTES", block_bytes)
         for layout in (np.ascontiguousarray, np.asfortranarray):  # a flat take, or indexing
             target, draft = layout(arrays[0]), layout(arrays[1])
             runs.append(sc.verify(target, draft, arrays[2], np.random.default_rng(9)))
@@ -163,7 +166,9 @@ def test_verify_gives_the_same_tokens_for_any_block_size_and_memory_layout(
     "name, position", [("target_probs", (499, 3, 5)), ("draft_probs", (250, 0, 0))]
 )
 def test_a_refused_batch_leaves_the_generator_as_it_found_it(monkeypatch, name, position):
-    monkeypatch.setattr(sc, "BLOCK_BYTES", 2**12)  # many blocks: the bad row is read late
+    monkeypatch.setattr(
+        specdec.verify, "BLOCK_BYTES", 2**12
+    )  # many blocks: the bad row is read late
     target, draft, tokens = _contiguous_batch(11, 500, 3, 18)
     rng = np.random.default_rng(12)
     before = rng.bit_generator.state
@@ -211,7 +216,7 @@ def test_a_long_row_draws_the_same_tokens_chunk_by_chunk_as_in_one_pass():
         cumulative = np.cumsum(weights)
         return np.searchsorted(cumulative, grid * cumulative[-1], side="right")
 
-    chunked = np.array([sc._draw_in_chunks(row, starts, u) for u in grid])
+    chunked = np.array([_draw_in_chunks(row, starts, u) for u in grid])
     assert (chunked == one_pass(row)).all()
     assert (row[chunked] > 0).all()  # never a zero-probability token
     assert not (chunked == one_pass(wrong)).all()  # control: another row's draws differ
@@ -231,7 +236,7 @@ def test_a_uniform_just_below_a_chunk_boundary_stays_in_its_chunk():
         for end in ends:
             below = np.nextafter(end / ends[-1], 0)
             for u in (below, np.nextafter(below, 0)):
-                token = sc._draw_in_chunks(row, starts, min(u, np.nextafter(1, 0)))
+                token = _draw_in_chunks(row, starts, min(u, np.nextafter(1, 0)))
                 assert token < vocab and row[token] > 0
 
 
@@ -240,7 +245,7 @@ def test_seeded_outputs_are_those_of_the_previous_verify():
     rng = np.random.default_rng(17)
     target = rng.dirichlet(np.ones(6) * 0.7, size=(8, 4))
     draft = rng.dirichlet(np.ones(6) * 0.7, size=(8, 3))
-    tokens = sc._sample_rows(draft.reshape(-1, 6), rng).reshape(8, 3)
+    tokens = _sample_rows(draft.reshape(-1, 6), rng).reshape(8, 3)
     accepted, emitted = sc.verify(target, draft, tokens, np.random.default_rng(18))
     assert accepted.tolist() == [1, 1, 0, 3, 1, 1, 0, 1]
     assert emitted.tolist() == [
@@ -280,14 +285,14 @@ def test_the_rule_sees_rows_in_float64_or_wider(dtype):
     def correction(p, q):
         """The exact residual, noting the dtype the verifier hands the rule."""
         seen.append(p.dtype)
-        return sc._residual_weights(p, q)
+        return _residual_weights(p, q)
 
     spy = sc.Rule("spy", correction=correction)
     p = np.zeros((4, 2, 6), dtype)
     p[:, :, 3] = 1
     q = np.zeros((4, 1, 6), dtype)
     q[:, :, 5] = 1
-    sc._verify(p, q, np.full((4, 1), 5), np.random.default_rng(22), spy, check_rows=True)
+    _verify(p, q, np.full((4, 1), 5), np.random.default_rng(22), spy, check_rows=True)
     # float32 running sums put the drawn law of a 32,000-token softmax row 1.5e-4 to 2e-4 off in
     # total variation (5e-6 to 6e-6 by chunks of 1,024), for three rows of normal logits with
     # standard deviation 3; unsigned differences wrap around

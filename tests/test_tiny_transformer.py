@@ -9,7 +9,7 @@ import pytest
 from conftest import P_PASS, P_REJECT
 
 import specdec_core as sc
-import tiny_transformer as tt
+from specdec import transformer as tt
 
 SMALL = tt.Config(d_model=16, n_layers=2, n_heads=4, max_len=32, dtype="float64")
 

@@ -1,12 +1,12 @@
-"""A decoder-only transformer in numpy, small enough to read: chapter 8's cost model.
+"""Chapter 8: a decoder-only transformer in numpy, small enough to read: the cost model.
 
 Each call runs the real forward pass of a model of the configured size (embeddings, causal
 attention with a KV cache, MLP, layer norm, seeded random weights). The weights are random, so
 the logits mean nothing; to keep exactness and α known exactly, a LawModel reports the toy's
-laws (p or q_w from specdec_core) at each position's context instead. What the transformer
+laws (p or q_w from `models`) at each position's context instead. What the transformer
 contributes is the time a call takes.
 
-Token ids are context rows of the core: 0 is BOS, token t is t + 1, so `law[ids]` is the law of
+Token ids are context rows of `models`: 0 is BOS, token t is t + 1, so `law[ids]` is the law of
 the next token after each input.
 """
 
@@ -15,12 +15,19 @@ import os
 import platform
 import time
 from dataclasses import dataclass
+from numbers import Real
 from typing import NamedTuple
 
 import numpy as np
 from threadpoolctl import threadpool_info, threadpool_limits
 
-import specdec_core as sc
+from .checks import _check_count, _check_memory
+from .exact import target_joint
+from .models import BOS, CONTEXTS, P_MATRIX, V, draft_matrix
+from .rule import EXACT_RULE
+from .stats import compare
+from .theory import alpha_exact, chain_stats, measured_cost_speedup, walltime_speedup
+from .verify import _sample_rows, _verify
 
 BLAS_THREADS = 1  # every timing runs with one BLAS thread, pinned here, not by the shell
 
@@ -38,12 +45,22 @@ class Config:
     n_layers: int = 2
     n_heads: int = 4
     ff_mult: int = 4  # the MLP's hidden width is ff_mult · d_model
-    max_len: int = 256  # longest sequence the cache holds
+    max_len: int = 256  # positions the model knows (its position embeddings)
+    n_inputs: int = len(CONTEXTS)  # ids the embedding holds: the toy's 19 contexts
+    n_outputs: int = V  # tokens the logits score: the toy's 18
     seed: int = 0
     dtype: str = "float32"
 
     def __post_init__(self):
-        for name in ("d_model", "n_layers", "n_heads", "ff_mult", "max_len"):
+        for name in (
+            "d_model",
+            "n_layers",
+            "n_heads",
+            "ff_mult",
+            "max_len",
+            "n_inputs",
+            "n_outputs",
+        ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
@@ -54,16 +71,20 @@ class Config:
 
     @property
     def n_params(self):
-        """Weights: embeddings (19 + max_len)·d, per layer (4 + 2·ff_mult)·d² + 4·d, unembedding."""
+        """Weights: embeddings (inputs + max_len)·d, (4 + 2·ff_mult)·d² + 4·d a layer, unembed."""
         d = self.d_model
         per_layer = (4 + 2 * self.ff_mult) * d * d + 4 * d
-        return (len(sc.CONTEXTS) + self.max_len) * d + self.n_layers * per_layer + d * (sc.V + 2)
+        return (
+            (self.n_inputs + self.max_len) * d
+            + self.n_layers * per_layer
+            + d * (self.n_outputs + 2)
+        )
 
     @property
     def weight_bytes(self):
         """Bytes of the matrices one call reads in full: the layers and the unembedding."""
         d = self.d_model
-        matrices = self.n_layers * (4 + 2 * self.ff_mult) * d * d + d * sc.V
+        matrices = self.n_layers * (4 + 2 * self.ff_mult) * d * d + d * self.n_outputs
         return matrices * np.dtype(self.dtype).itemsize
 
 
@@ -113,6 +134,15 @@ def _softmax(x):
     return e / e.sum(axis=-1, keepdims=True)
 
 
+def softmax_law(logits, temperature=1.0):
+    """softmax(logits / T) over the last axis, in float64: the sampling law at temperature T."""
+    if isinstance(temperature, bool) or not isinstance(temperature, Real) or not temperature > 0:
+        raise ValueError(f"temperature must be a positive number, got {temperature!r}")
+    if not math.isfinite(temperature):
+        raise ValueError(f"temperature must be finite, got {temperature!r}")
+    return _softmax(np.asarray(logits, dtype=np.float64) / float(temperature))
+
+
 def _init_weights(config):
     """Seeded random weights: normal(0, 1/√fan_in) matrices, unit gains, zero biases."""
     rng = np.random.default_rng(config.seed)
@@ -128,29 +158,41 @@ def _init_weights(config):
         Layer(norm(), matrix(d, 3 * d), matrix(d, d), norm(), matrix(d, ff), matrix(ff, d))
         for _ in range(config.n_layers)
     ]
-    embed = matrix(len(sc.CONTEXTS), d) * math.sqrt(d)  # (19, d)
+    embed = matrix(config.n_inputs, d) * math.sqrt(d)  # (n_inputs, d)
     position = matrix(config.max_len, d) * (0.1 * math.sqrt(d))  # (max_len, d)
-    return embed, position, layers, norm(), matrix(d, sc.V)
+    return embed, position, layers, norm(), matrix(d, config.n_outputs)
 
 
 class TinyTransformer:
-    """A decoder-only transformer with a KV cache for `batch` sequences at once."""
+    """A decoder-only transformer with a KV cache for `batch` sequences at once.
 
-    def __init__(self, config, batch=1):
+    Its weights are seeded random ones (chapter 8), or trained ones passed in (chapter 9) as
+    (embed, position, layers, final_norm, unembed), shaped as `_init_weights` makes them.
+    """
+
+    def __init__(self, config, batch=1, weights=None):
         if not isinstance(config, Config):
             raise TypeError(f"config must be a Config, got {type(config).__name__}")
         self.config = config
-        self.embed, self.position, self.layers, self.final_norm, self.unembed = _init_weights(
-            config
+        self.embed, self.position, self.layers, self.final_norm, self.unembed = (
+            weights or _init_weights(config)
         )
         self.reset(batch)
 
-    def reset(self, batch=1):
-        """Empty the cache and make room for `batch` sequences."""
+    def reset(self, batch=1, length=None):
+        """Empty the cache and make room for `batch` sequences of `length` ≤ max_len positions."""
         if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
             raise ValueError(f"batch must be a positive int, got {batch!r}")
         cfg = self.config
-        shape = (cfg.n_layers, batch, cfg.max_len, cfg.d_model)  # (L, B, max_len, d)
+        length = cfg.max_len if length is None else length
+        if (
+            not isinstance(length, int)
+            or isinstance(length, bool)
+            or not 1 <= length <= cfg.max_len
+        ):
+            raise ValueError(f"length must be an int in [1, max_len={cfg.max_len}], got {length!r}")
+        shape = (cfg.n_layers, batch, length, cfg.d_model)  # (L, B, length, d)
+        _check_memory(2 * math.prod(shape) * np.dtype(cfg.dtype).itemsize, "the KV cache")
         self.keys = np.zeros(shape, cfg.dtype)
         self.values = np.zeros(shape, cfg.dtype)
         self.lengths = np.zeros(batch, dtype=np.int64)  # cached positions per sequence
@@ -169,8 +211,27 @@ class TinyTransformer:
             raise ValueError(f"lengths must lie in [0, cached length], got {lengths}")
         self.lengths = lengths.astype(np.int64)  # stale entries are masked, then overwritten
 
+    def prefill(self, ids):
+        """Cache ids (B, n) from an empty cache, running each distinct row once (prefix sharing)."""
+        unique, inverse = np.unique(self._check_ids(ids), axis=0, return_inverse=True)
+        self.reset(len(unique), self.keys.shape[2])
+        self.forward(unique)
+        self.keys, self.values = self.keys[:, inverse.ravel()], self.values[:, inverse.ravel()]
+        self.lengths = self.lengths[inverse.ravel()]  # (B,) again: one cache row per input row
+
+    def next_probs(self, ids, temperature=1.0):
+        """The law of the token after each row of ids (B, T): softmax(logits / T), float64."""
+        ids = np.asarray(ids)
+        if ids.ndim != 2 or not 1 <= ids.shape[1] <= self.config.max_len:
+            raise ValueError(
+                f"ids must have shape (B, T) with 1 <= T <= max_len={self.config.max_len}, the "
+                f"positions the model knows (no window slides), got {ids.shape}"
+            )
+        self.reset(len(ids), ids.shape[1])
+        return softmax_law(self.forward(ids)[:, -1], temperature)
+
     def forward(self, ids):
-        """Logits (B, n, 18) for n new ids per sequence (B, n), appended after the cache."""
+        """Logits (B, n, n_outputs) for n new ids per sequence (B, n), appended after the cache."""
         ids = self._check_ids(ids)
         pos = self.lengths[:, None] + np.arange(ids.shape[1])  # (B, n) absolute positions
         x = self.embed[ids] + self.position[pos]  # (B, n, d)
@@ -178,7 +239,7 @@ class TinyTransformer:
             x = x + self._attend(index, layer, _layer_norm(x, layer.ln1), pos)
             x = x + _dense(_gelu(_dense(_layer_norm(x, layer.ln2), layer.w_up)), layer.w_down)
         self.lengths = self.lengths + ids.shape[1]
-        return _dense(_layer_norm(x, self.final_norm), self.unembed)  # (B, n, 18), config's dtype
+        return _dense(_layer_norm(x, self.final_norm), self.unembed)  # (B, n, V), config's dtype
 
     def _attend(self, index, layer, h, pos):
         """Causal multi-head attention of the new positions over the cache and themselves."""
@@ -208,10 +269,14 @@ class TinyTransformer:
             raise ValueError(f"ids must have shape ({self.batch}, n >= 1), got {ids.shape}")
         if not np.issubdtype(ids.dtype, np.integer):
             raise TypeError(f"ids must be integers, got dtype {ids.dtype}")
-        if ids.min() < 0 or ids.max() >= len(sc.CONTEXTS):
-            raise ValueError(f"ids must lie in [0, {len(sc.CONTEXTS)})")
-        if self.lengths.max() + ids.shape[1] > self.config.max_len:
-            raise ValueError(f"the cache holds at most max_len={self.config.max_len} positions")
+        if ids.min() < 0 or ids.max() >= self.config.n_inputs:
+            raise ValueError(f"ids must lie in [0, {self.config.n_inputs})")
+        if self.lengths.max() + ids.shape[1] > self.keys.shape[2]:
+            reach = self.lengths.max() + ids.shape[1]
+            raise ValueError(
+                f"the cache holds {self.keys.shape[2]} positions (at most max_len="
+                f"{self.config.max_len}); a sequence would reach {reach}"
+            )
         return ids
 
 
@@ -220,8 +285,8 @@ class LawModel:
 
     def __init__(self, net, law):
         law = np.asarray(law, dtype=float)
-        if law.shape != (len(sc.CONTEXTS), sc.V):
-            raise ValueError(f"law must have shape ({len(sc.CONTEXTS)}, {sc.V}), got {law.shape}")
+        if law.shape != (len(CONTEXTS), V):
+            raise ValueError(f"law must have shape ({len(CONTEXTS)}, {V}), got {law.shape}")
         self.net, self.law = net, law
 
     def __call__(self, ids):
@@ -245,7 +310,7 @@ class Generation(NamedTuple):
 
 def _check_run(n_tokens, model, gamma=1):
     """Raise unless n_tokens and gamma are valid and the cache can hold the run."""
-    sc._check_count(n_tokens, "n_tokens")
+    _check_count(n_tokens, "n_tokens")
     if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 1:
         raise ValueError(f"gamma must be a positive int, got {gamma!r}")
     if n_tokens + gamma + 1 > model.net.config.max_len:
@@ -259,12 +324,12 @@ def autoregressive(target, n_tokens, rng, batch=1):
     out = np.zeros((batch, n_tokens), dtype=np.int64)
     last = np.zeros((batch, 1), dtype=np.int64)  # BOS
     for i in range(n_tokens):
-        out[:, i] = sc._sample_rows(target(last)[:, 0], rng)
+        out[:, i] = _sample_rows(target(last)[:, 0], rng)
         last = out[:, i : i + 1] + 1
     return Generation(out, np.full(batch, n_tokens), n_tokens)
 
 
-def speculative(target, draft, n_tokens, gamma, rng, batch=1, rule=sc.EXACT_RULE):
+def speculative(target, draft, n_tokens, gamma, rng, batch=1, rule=EXACT_RULE):
     """Speculative decoding through both models until every sequence has n_tokens."""
     _check_run(n_tokens, target, gamma)
     _check_run(n_tokens, draft, gamma)
@@ -278,7 +343,7 @@ def speculative(target, draft, n_tokens, gamma, rng, batch=1, rule=sc.EXACT_RULE
         drafts, q_laws = _draft(draft, seq, filled, gamma, rng)
         ids = np.concatenate([seq[rows[:, 0], filled - 1][:, None], drafts + 1], axis=1)
         p_laws = target(ids)  # (B, gamma + 1, V): one call scores every position
-        accepted, emitted = sc._verify(p_laws, q_laws, drafts, rng, rule)
+        accepted, emitted = _verify(p_laws, q_laws, drafts, rng, rule)
         accepted = np.where(filled <= n_tokens, accepted, -1)  # finished rows emit nothing
         target.net.rollback(filled + accepted)  # keep the last token and the accepted drafts
         draft.net.rollback(filled + np.minimum(accepted, gamma - 1))
@@ -298,27 +363,27 @@ def _draft(draft, seq, filled, gamma, rng):
     draft.net.rollback(filled - pending)
     q = draft(seq[rows, (filled - pending)[:, None] + np.arange(pending)])[:, -1]  # (B, V)
     tokens = np.zeros((batch, gamma), dtype=np.int64)
-    laws = np.zeros((batch, gamma, sc.V))
+    laws = np.zeros((batch, gamma, V))
     for i in range(gamma):
         if i:
             q = draft(tokens[:, i - 1 : i] + 1)[:, 0]
         laws[:, i] = q
-        tokens[:, i] = sc._sample_rows(q, rng)
+        tokens[:, i] = _sample_rows(q, rng)
     return tokens, laws
 
 
 def law_models(target_config, draft_config, w, batch=1):
     """(target reporting p, draft reporting q_w), each a LawModel over its own transformer."""
-    target = LawModel(TinyTransformer(target_config, batch), sc.P_MATRIX)
-    return target, LawModel(TinyTransformer(draft_config, batch), sc.draft_matrix(w))
+    target = LawModel(TinyTransformer(target_config, batch), P_MATRIX)
+    return target, LawModel(TinyTransformer(draft_config, batch), draft_matrix(w))
 
 
-def exactness_check(n_runs, gamma=2, w=0.3, seed=13, rule=sc.EXACT_RULE, config=None):
+def exactness_check(n_runs, gamma=2, w=0.3, seed=13, rule=EXACT_RULE, config=None):
     """Chapter 3's joint test, through the transformers: first two tokens of n_runs sequences."""
     config = config or Config(d_model=8, n_layers=1, n_heads=2, max_len=16)
     target, draft = law_models(config, config, w, batch=n_runs)
     run = speculative(target, draft, 2, gamma, np.random.default_rng(seed), n_runs, rule)
-    return sc.compare(run.tokens, sc.target_joint(2, sc.BOS, exact=False))
+    return compare(run.tokens, target_joint(2, BOS, exact=False))
 
 
 # --------------------------------------------------------------------------------------------
@@ -441,9 +506,9 @@ def _call_costs(target, draft, positions, context, batch=1, draft_calls=4):
 
 def race(target_config, draft_config, settings, n_tokens=128, repeats=3, batch=1, seed=8):
     """Race plain against speculative decoding, repeats interleaved, with call costs between."""
-    target = LawModel(TinyTransformer(target_config), sc.P_MATRIX)
+    target = LawModel(TinyTransformer(target_config), P_MATRIX)
     draft_net = TinyTransformer(draft_config)
-    drafts = {w: LawModel(draft_net, sc.draft_matrix(w)) for w, _ in settings}
+    drafts = {w: LawModel(draft_net, draft_matrix(w)) for w, _ in settings}
     positions = sorted({1} | {gamma + 1 for _, gamma in settings})
     rng = np.random.default_rng(seed)
     plain, spec, costs = [], {s: [] for s in settings}, []
@@ -474,9 +539,9 @@ def race_rows(result):
     rows = []
     for point in result.points:
         v = result.verify_cost(point.gamma)
-        expected = sc.chain_stats(point.w, point.gamma).tokens_per_step
+        expected = chain_stats(point.w, point.gamma).tokens_per_step
         measured = result.plain / point.seconds_per_token
-        predicted = sc.measured_cost_speedup(expected, point.gamma, c, v)
+        predicted = measured_cost_speedup(expected, point.gamma, c, v)
         rows.append(
             {
                 "w": point.w,
@@ -487,7 +552,7 @@ def race_rows(result):
                 "v(gamma)": v,
                 "measured": measured,
                 "measured-cost form": predicted,
-                "theorem 3.8": sc.walltime_speedup(sc.alpha_exact(point.w), point.gamma, c),
+                "theorem 3.8": walltime_speedup(alpha_exact(point.w), point.gamma, c),
                 "error": measured / predicted - 1,
             }
         )
@@ -509,6 +574,6 @@ def batch_speedup(costs, tokens_per_step, gamma):
     """Measured-cost form per batch: E·T_target(B) / (γ·T_draft(B) + T_target(B·(γ+1)))."""
     one, verify, draft = np.asarray(costs).T
     return [
-        sc.measured_cost_speedup(tokens_per_step, gamma, d / t, v / t)
+        measured_cost_speedup(tokens_per_step, gamma, d / t, v / t)
         for t, v, d in zip(one, verify, draft)
     ]
