@@ -27,25 +27,28 @@ name works as `sc.NAME`:
     experiments  the seeded checks of chapters 1–4                            1–4
     figures      the book's style, every plot, `FIGURES`                      all
     transformer  a numpy transformer with a KV cache, the stopwatch           8
+    pair         the trained character-level pair: loading, generation        9
 
 Each algorithm appears twice: a literal version that reads like the paper (dictionaries, one
 Python call per token) and a vectorised twin in numpy for the Monte Carlo; tests check that
 the two agree. Exact results use `fractions.Fraction`, computed from the integer counts.
 """
 
-from specdec.article import *
-from specdec.audit import *
-from specdec.block import *
+# The modules in the book's order, as in the map above.
 from specdec.checks import *
+from specdec.models import *
+from specdec.rule import *
+from specdec.verify import *
 from specdec.engine import *
 from specdec.exact import *
-from specdec.experiments import *
-from specdec.figures import *
-from specdec.lossy import *
-from specdec.models import *
-from specdec.multidraft import *
-from specdec.pipelines import *
-from specdec.rule import *
 from specdec.stats import *
 from specdec.theory import *
-from specdec.verify import *
+from specdec.pipelines import *
+from specdec.audit import *
+from specdec.multidraft import *
+from specdec.block import *
+from specdec.lossy import *
+from specdec.article import *
+from specdec.experiments import *
+from specdec.figures import *
+from specdec.pair import ACCEPTED, BONUS, PLAIN, RESIDUAL, Pair, Run, load_pair

@@ -1,4 +1,4 @@
-"""Argument checks and size limits, shared by every chapter.
+"""All chapters: argument checks and size limits.
 
 Every public function of the book refuses bad input at once with a ValueError (or TypeError)
 that names the argument, and refuses a size past one of the limits below with one that says the

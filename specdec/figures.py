@@ -1,4 +1,4 @@
-"""Every figure of the book, in one look: the style, each chapter's plots, and `FIGURES`.
+"""All chapters: every figure of the book in one look: the style, the plots, `FIGURES`.
 
 Sized to be read on a phone; colours from the Okabe–Ito palette, safe for colour blindness;
 measured points as markers over the exact curve as a line.
