@@ -17,7 +17,7 @@ export JUPYTER_DATA_DIR := $(CURDIR)/$(VENV)/share/jupyter
 export JUPYTER_PLATFORM_DIRS := 1
 export PYDEVD_DISABLE_FILE_VALIDATION := 1
 
-.PHONY: all site test figures notebooks lab bench stopwatch lint clean distclean pdf
+.PHONY: all site test figures notebooks lab bench stopwatch train lint clean distclean pdf
 
 all: site
 
@@ -101,6 +101,17 @@ bench: $(BIN)/.installed
 stopwatch: $(BIN)/.installed
 	$(BIN)/python scripts/stopwatch.py
 
+## make train: retrain chapter 9's pair with JAX (in .venv-train, never in the book's .venv) into
+## _build/train and compare every held-out loss and α with the shipped manifest (within 0.01)
+TRAIN_BIN := .venv-train/bin
+$(TRAIN_BIN)/.installed: requirements-train.txt
+	$(PYTHON) -m venv .venv-train
+	$(TRAIN_BIN)/pip install --quiet --disable-pip-version-check -r requirements-train.txt
+	touch $@
+
+train: $(TRAIN_BIN)/.installed
+	$(TRAIN_BIN)/python scripts/train_pair.py --check _build/train
+
 ## make lint: ruff (check and format) over the core, the transformer, the scripts and the tests
 lint: $(BIN)/.test-installed
 	$(BIN)/ruff check $(PY_SOURCES)
@@ -112,4 +123,4 @@ clean:
 
 ## make distclean: clean, and remove .venv too
 distclean: clean
-	rm -rf $(VENV)
+	rm -rf $(VENV) .venv-train

@@ -25,9 +25,9 @@ name works as `sc.NAME`:
     lossy        verifiers that trade exactness for acceptance                7
     article      what the article and the papers report                       all
     experiments  the seeded checks of chapters 1–4                            1–4
-    figures      the book's style, every plot, `FIGURES`                      all
     transformer  a numpy transformer with a KV cache, the stopwatch           8
     pair         the trained character-level pair: loading, generation        9
+    figures      the book's style, every plot, `FIGURES`                      all
 
 Each algorithm appears twice: a literal version that reads like the paper (dictionaries, one
 Python call per token) and a vectorised twin in numpy for the Monte Carlo; tests check that
@@ -50,5 +50,5 @@ from specdec.block import *
 from specdec.lossy import *
 from specdec.article import *
 from specdec.experiments import *
-from specdec.figures import *
 from specdec.pair import ACCEPTED, BONUS, PLAIN, RESIDUAL, Pair, Run, load_pair
+from specdec.figures import *

@@ -4,6 +4,8 @@ Sized to be read on a phone; colours from the Okabe–Ito palette, safe for colo
 measured points as markers over the exact curve as a line.
 """
 
+import html
+
 import numpy as np
 
 from .article import REAL_PAIR_ALPHAS
@@ -37,6 +39,7 @@ from .models import (
     show_token,
 )
 from .multidraft import MD_CTX, MD_KS, MD_W, MULTI_DRAFT_RULES, multi_draft_rows, pair_optima
+from .pair import ACCEPTED, BONUS, PLAIN, RESIDUAL
 from .pipelines import DETECT_LEVEL, DETECT_POWER, bug_rows
 from .rule import _residual_weights, trace_run
 from .stats import noise_reference
@@ -681,6 +684,98 @@ def plot_lossy_frontier(rows, exact_points):
     )
     fig.legend(loc="lower center", ncol=2, bbox_to_anchor=(0.5, -0.22))
     return fig
+
+
+# ---- Chapter 9 ---------------------------------------------------------------------------------
+
+
+def plot_beta_histograms(betas):
+    """Histograms of β = Σ min(p, q) over held-out contexts, one panel per draft {name: (n,)}."""
+    fig, axes = new_figure(nrows=len(betas), figsize=(6.4, 1.9 * len(betas) + 1), sharex=True)
+    bins = np.linspace(0, 1, 41)
+    for i, (ax, (name, beta)) in enumerate(zip(np.atleast_1d(axes), betas.items())):
+        ax.hist(
+            beta, bins=bins, color=OKABE_ITO[i % 7], weights=np.full(len(beta), 100 / len(beta))
+        )
+        ax.axvline(beta.mean(), color="black", linestyle="--", linewidth=1.2)
+        ax.set_title(f"{name}: α = {beta.mean():.2f}", loc="left")
+        ax.set_ylabel("% of contexts")
+    ax.set_xlabel("β at a held-out context (dashed: its mean, α)")
+    return fig
+
+
+def plot_draft_choice(points, best):
+    """Each draft at (α, c), with Corollary 3.9's boundary α = c; the best γ measured beside it.
+
+    points: {name: (α, c)}; best: {name: (γ, speedup)}."""
+    fig, ax = new_figure(figsize=(6.4, 5.2))
+    top = max(max(c for _, c in points.values()) * 1.3, 0.1)
+    grid = np.linspace(0, 1, 50)
+    ax.fill_between(grid, grid, top, color="grey", alpha=0.15, label="α < c: no γ ≥ 1 pays")
+    ax.plot(grid, grid, color="black", linewidth=1)
+    for i, (name, (alpha, c)) in enumerate(points.items()):
+        gamma, speedup = best[name]
+        ax.plot(alpha, c, MARKERS[i % 7], color=OKABE_ITO[i % 7], markersize=10, label=name)
+        ax.annotate(
+            f"γ={gamma}: {speedup:.2f}×", (alpha, c), xytext=(6, 6), textcoords="offset points"
+        )
+    ax.set(
+        xlim=(0, 1), ylim=(0, top), xlabel="α (held-out contexts)", ylabel="c = draft call / T(1)"
+    )
+    ax.legend(loc="upper left", ncol=2)
+    return fig
+
+
+def plot_pair_race(measured, predicted, theorem):
+    """Speedup against γ per draft: measured (markers, with the spread of repeats as bars), the
+    measured-cost form with overhead (line), Theorem 3.8 (dotted). Each: {name: {γ: value}}."""
+    fig, ax = new_figure(figsize=(6.4, 5.4))
+    for i, name in enumerate(measured):
+        gammas = sorted(measured[name])
+        style = _series(i)
+        low, mid, high = (np.array([measured[name][g][k] for g in gammas]) for k in range(3))
+        ax.errorbar(
+            gammas,
+            mid,
+            yerr=[mid - low, high - mid],
+            fmt=style["marker"],
+            capsize=3,
+            color=style["color"],
+            label=f"{name}",
+        )
+        ax.plot(gammas, [predicted[name][g] for g in gammas], color=style["color"])
+        ax.plot(gammas, [theorem[name][g] for g in gammas], color=style["color"], linestyle=":")
+    ax.axhline(1, color="black", linewidth=0.8)
+    ax.set(xlabel="γ (drafts per target call)", ylabel="speedup over plain decoding")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=3)
+    return fig
+
+
+PASSAGE_STYLE = {  # colour and a cue that is not colour: the underline's style
+    ACCEPTED: ("kept draft", "#0072B2", "solid"),
+    RESIDUAL: ("drawn from the residual", "#D55E00", "wavy"),
+    BONUS: ("bonus, drawn from p", "#009E73", "double"),
+    PLAIN: ("drawn from p", "#000000", "none"),
+}
+
+
+def passage_html(text, kinds):
+    """HTML of a generated passage, each character styled by where it came from, and a key."""
+
+    def span(ch, kind):
+        label, colour, line = PASSAGE_STYLE[int(kind)]
+        ch = html.escape(ch).replace("\n", "⏎\n")
+        style = f"color:{colour};text-decoration:underline {line} {colour}"
+        return f'<span style="{style}" title="{label}">{ch}</span>'
+
+    body = "".join(span(ch, kind) for ch, kind in zip(text, kinds))
+    key = " · ".join(
+        span(label, kind)
+        for kind, (label, _, _) in PASSAGE_STYLE.items()
+        if kind in set(kinds.tolist())
+    )
+    box = "font-family:monospace;white-space:pre-wrap;line-height:1.9;overflow-wrap:anywhere"
+    return f'<div style="{box}">{body}</div><p>{key}</p>'
 
 
 # Every figure of the book, by name: `make figures` writes each one to figures/.

@@ -13,14 +13,18 @@ prompt, tokens and draft positions need more is refused, so every law here is th
 
 import hashlib
 import json
+import time
 from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 from .checks import _check_count, _check_rng
-from .transformer import Config, Layer, TinyTransformer, softmax_law
-from .verify import _sample_rows, verify
+from .rule import EXACT_RULE
+from .theory import expected_tokens
+from .transformer import BLAS_THREADS, Config, Layer, TinyTransformer, _call_costs, softmax_law
+from .verify import _sample_rows, _verify, verify
 
 PACKAGE = Path(__file__).resolve().parent
 WEIGHTS = PACKAGE / "weights"  # manifest.json and one .npz per trained model
@@ -148,7 +152,7 @@ def load_pair(folder=WEIGHTS):
         raise ValueError(f"{manifest_path} is missing")
     manifest = json.loads(manifest_path.read_text())
     corpus = manifest["corpus"]
-    text = _checked_file(PACKAGE, corpus).read_text(encoding="utf-8")
+    text = _checked_file(folder.parent, corpus).read_text(encoding="utf-8")  # beside weights/
     vocab, split = corpus["vocabulary"], corpus["split_index"]
     unigram, bigram = count_laws(np.array([vocab.index(ch) for ch in text[:split]]), len(vocab))
     models = {}
@@ -164,11 +168,13 @@ def load_pair(folder=WEIGHTS):
 
 
 class Run(NamedTuple):
-    """A generation: tokens (B, n), where each came from (B, n) and the target calls made."""
+    """A generation: tokens (B, n), where each came from, and what each target call saw."""
 
     tokens: np.ndarray  # (B, n_tokens) int64
     kinds: np.ndarray  # (B, n_tokens) int8: ACCEPTED, RESIDUAL, BONUS or PLAIN
     accepted: np.ndarray  # (steps, B) drafts kept at each target call; −1 once a row is done
+    betas: np.ndarray  # (steps, B, γ): β = Σ min(p, q) at each drafted position
+    ratios: np.ndarray  # (steps, B, γ): min(1, p(x)/q(x)) of each drafted token x
     calls: int  # target calls (one per step)
 
 
@@ -205,7 +211,12 @@ class Pair:
         return self.run(prompt_ids, n_tokens, gamma, rng, draft, temperature).tokens
 
     def run(self, prompt_ids, n_tokens, gamma, rng, draft=None, temperature=1.0):
-        """`generate`, keeping where each token came from and the drafts kept at each call."""
+        """`generate`, keeping where each token came from and what each target call saw."""
+        with threadpool_limits(limits=BLAS_THREADS, user_api="blas"):  # tiny products: 1 thread
+            return self._run(prompt_ids, n_tokens, gamma, rng, draft, temperature)
+
+    def _run(self, prompt_ids, n_tokens, gamma, rng, draft, temperature):
+        """`run` without the thread limit."""
         prompt = self._check_prompt(prompt_ids)
         _check_count(n_tokens, "n_tokens")
         _check_count(gamma, "gamma", MAX_DRAFTS, "draft positions per target call")
@@ -251,27 +262,31 @@ def _plain(target, prompt, n_tokens, rng, temperature):
     for i in range(n_tokens):
         tokens[:, i] = _sample_rows(softmax_law(target.forward(last)[:, 0], temperature), rng)
         last = tokens[:, i : i + 1]
-    accepted = np.zeros((n_tokens, batch), dtype=np.int64)
-    return Run(tokens, np.full((batch, n_tokens), PLAIN, np.int8), accepted, n_tokens)
+    accepted, none = np.zeros((n_tokens, batch), dtype=np.int64), np.zeros((n_tokens, batch, 0))
+    return Run(tokens, np.full((batch, n_tokens), PLAIN, np.int8), accepted, none, none, n_tokens)
 
 
 def _speculative(target, draft, prompt, n_tokens, gamma, rng, temperature):
     """Speculative decoding with `verify`: γ draft calls, then one target call, per step."""
     (batch, start), end = prompt.shape, prompt.shape[1] + n_tokens
     rows, vocab = np.arange(batch)[:, None], target.config.n_outputs
-    seq = np.zeros((batch, end + gamma + 1), dtype=np.int64)  # prompt, then emitted tokens
+    seq = np.zeros((batch, end + 2 * gamma + 1), dtype=np.int64)  # prompt, emitted, overshoot
     seq[:, :start] = prompt
     kinds = np.full(seq.shape, PLAIN, dtype=np.int8)
     filled = np.full(batch, start)  # tokens in seq; the target's cache holds seq[:, :filled - 1]
-    log = []
+    log, betas, ratios = [], [], []
     while filled.min() < end:
         drafts, q = _draft(draft, seq, filled, gamma, rng, temperature, vocab)
         ids = np.concatenate([seq[rows, filled[:, None] - 1], drafts], axis=1)  # (B, γ + 1)
         p = softmax_law(target.forward(ids), temperature)  # (B, γ + 1, V): one call
         accepted, emitted = verify(p, q, drafts, rng)
         accepted = np.where(filled < end, accepted, -1)  # finished rows emit nothing
+        betas.append(np.minimum(p[:, :gamma], q).sum(axis=-1))  # (B, γ)
+        p_x, q_x = (np.take_along_axis(a[:, :gamma], drafts[..., None], -1)[..., 0] for a in (p, q))
+        ratios.append(np.minimum(1, p_x / q_x))  # (B, γ): q_x > 0, as x was drawn from q
         target.rollback(filled + accepted)  # keep the last token and the kept drafts
-        draft.rollback(filled + np.minimum(accepted, gamma - 1))  # the drafts it was fed
+        if gamma:  # the draft was fed the last token and γ − 1 drafts: keep those kept
+            draft.rollback(filled + np.minimum(accepted, gamma - 1))
         slots = filled[:, None] + np.arange(gamma + 1)  # (B, γ + 1)
         slot, a = np.arange(gamma + 1), accepted[:, None]
         kept = slot <= a  # (B, γ + 1): the kept drafts, then one token from p or the residual
@@ -280,7 +295,8 @@ def _speculative(target, draft, prompt, n_tokens, gamma, rng, temperature):
         kinds[rows, slots] = np.where(kept, kind, kinds[rows, slots])
         filled += accepted + 1
         log.append(accepted)
-    return Run(seq[:, start:end], kinds[:, start:end], np.array(log), len(log))
+    tokens, kinds = seq[:, start:end], kinds[:, start:end]
+    return Run(tokens, kinds, np.array(log), np.array(betas), np.array(ratios), len(log))
 
 
 def _draft(draft, seq, filled, gamma, rng, temperature, vocab):
@@ -299,3 +315,212 @@ def _draft(draft, seq, filled, gamma, rng, temperature, vocab):
         laws[:, i] = softmax_law(logits, temperature)
         tokens[:, i] = _sample_rows(laws[:, i], rng)
     return tokens, laws
+
+
+def plain(model, prompt_ids, n_tokens, rng, temperature=1.0):
+    """n_tokens (B, n_tokens) sampled from one model alone after each prompt row (B, T)."""
+    prompt = np.asarray(prompt_ids)
+    prompt = prompt[None] if prompt.ndim == 1 else prompt
+    _check_count(n_tokens, "n_tokens")
+    _check_rng(rng)
+    known = model.config.max_len if isinstance(model, TinyTransformer) else float("inf")
+    if prompt.shape[1] + n_tokens > known:
+        raise ValueError(
+            f"prompt length + n_tokens = {prompt.shape[1] + n_tokens} exceeds the {known} "
+            "positions the model knows (no window slides)"
+        )
+    model.reset(len(prompt), prompt.shape[1] + n_tokens)
+    if prompt.shape[1] > 1:
+        model.prefill(prompt[:, :-1])
+    return _plain(model, prompt, n_tokens, rng, temperature).tokens
+
+
+# ---- Exact laws from the real rows ------------------------------------------------------------
+
+
+def one_token_law(p, q, rule=EXACT_RULE):
+    """Theorem 2.1 on rows (…, V): q·accept + (1 − Σ q·accept)·correction; p for the exact rule."""
+    accept, correction = rule.tables(p, q)
+    kept = q * accept
+    return kept + (1 - kept.sum(axis=-1, keepdims=True)) * correction
+
+
+def two_token_law(p1, q1, p2, q2, rule=EXACT_RULE):
+    """Law (V, V) of the first two tokens of a step with γ ≥ 2, every path enumerated: p1, q1
+    (V,) after the prompt; p2, q2 (V, V) after the prompt and each first token."""
+    a1, correction1 = rule.tables(p1, q1)
+    a2, correction2 = rule.tables(p2, q2)
+    both = np.minimum(a1[:, None], a2) if rule.shared_uniform else a1[:, None] * a2  # (V, V)
+    law = q1[:, None] * q2 * both  # x1 and x2 both kept
+    first_only = (q1[:, None] * q2 * (a1[:, None] - both)).sum(axis=1)  # x1 kept, x2 not
+    law += first_only[:, None] * correction2
+    rejected = 1 - (q1 * a1).sum()  # x1 rejected: y1 from the correction, then a fresh step
+    return law + rejected * correction1[:, None] * one_token_law(p2, q2, rule)
+
+
+def rows_after(model, prompt, temperature=1.0):
+    """(law after the prompt (V,), laws after the prompt and each token x (V, V))."""
+    first = model.next_probs(prompt[None], temperature)[0]  # (V,)
+    vocab = len(first)
+    extended = np.concatenate([np.tile(prompt, (vocab, 1)), np.arange(vocab)[:, None]], axis=1)
+    return first, model.next_probs(extended, temperature)
+
+
+def sample_two_tokens(p1, q1, p2, q2, n, rng, rule=EXACT_RULE, chunk=50_000):
+    """n draws (n, 2) of the first two tokens of speculative decoding with γ = 2 from these rows
+    (as two_token_law), through the batched verifier with `rule`; after a step that keeps no
+    draft, a fresh γ = 1 step at the new context gives the second token."""
+    return np.concatenate(
+        [_two_tokens(p1, q1, p2, q2, min(chunk, n - i), rng, rule) for i in range(0, n, chunk)]
+    )
+
+
+def _two_tokens(p1, q1, p2, q2, n, rng, rule):
+    """sample_two_tokens for one chunk of n draws."""
+    first_q = np.broadcast_to(q1, (n, len(q1)))
+    x1 = _sample_rows(first_q, rng)
+    x2 = _sample_rows(q2[x1], rng)
+    p = np.stack([np.broadcast_to(p1, first_q.shape), p2[x1], p2[x1]], axis=1)  # (n, 3, V)
+    # the bonus row (third) stands in for p after x1 x2: only the first two tokens are kept
+    accepted, emitted = _verify(p, np.stack([first_q, q2[x1]], axis=1), np.c_[x1, x2], rng, rule)
+    out = emitted[:, :2].copy()
+    fresh = accepted == 0  # one token emitted: the second comes from a new step after it
+    y1 = out[fresh, 0]
+    draft = _sample_rows(q2[y1], rng)
+    second = _verify(np.stack([p2[y1]] * 2, axis=1), q2[y1][:, None], draft[:, None], rng, rule)
+    out[fresh, 1] = second[1][:, 0]
+    return out
+
+
+def tokens_per_call(run):
+    """Tokens per target call of a speculative Run, measured and predicted, each as (mean, s.e.)
+    over rows: Eq. 1 at the run's α; Σ_i Π_{j≤i} β_j of each step; Σ_i Π_{j≤i} min(1, p/q) of
+    each step's drafts, its expected tokens given them."""
+    active = run.accepted >= 0  # (steps, B)
+    steps = active.sum(axis=0)  # (B,)
+
+    def per_row(values):  # (steps, B) -> (mean, s.e.) over rows of each row's mean per call
+        rows = np.where(active, values, 0).sum(axis=0) / steps
+        return float(rows.mean()), float(rows.std(ddof=1) / np.sqrt(len(rows)))
+
+    def chain(x):  # (steps, B, γ) -> 1 + Σ_i Π_{j≤i} x_j
+        return 1 + np.cumprod(x, axis=-1).sum(axis=-1)
+
+    alpha = float(run.betas[active].mean())
+    return {
+        "measured": per_row(run.accepted + 1),
+        "beta products": per_row(chain(run.betas)),
+        "given the drafts": per_row(chain(run.ratios)),
+        "alpha": alpha,
+        "Eq. 1": expected_tokens(alpha, run.betas.shape[-1]),
+    }
+
+
+# ---- Held-out text: α, β and the loss along real contexts --------------------------------------
+
+
+def heldout_windows(pair, n_windows, length=None):
+    """n_windows evenly spaced held-out windows of length + 1 ids (n, length + 1)."""
+    length = length or pair.context
+    ids = pair.encode(pair.heldout_text)
+    starts = np.linspace(0, len(ids) - length - 1, n_windows).astype(np.int64)
+    return ids[starts[:, None] + np.arange(length + 1)]
+
+
+def window_laws(model, windows, temperature=1.0, chunk=16):
+    """Laws (n, T, V) of the token after each position of each window's first T ids."""
+    out = []
+    with threadpool_limits(limits=BLAS_THREADS, user_api="blas"):
+        for start in range(0, len(windows), chunk):
+            inputs = windows[start : start + chunk, :-1]
+            model.reset(len(inputs), inputs.shape[1])
+            out.append(softmax_law(model.forward(inputs), temperature))
+    return np.concatenate(out)
+
+
+def autocorrelation(series, max_lag):
+    """Correlation of x_t and x_{t+k} within rows of series (n, T), pooled, k = 1..max_lag."""
+    x = series - series.mean()
+    return np.array(
+        [(x[:, :-k] * x[:, k:]).mean() / x.var() for k in range(1, max_lag + 1)], dtype=float
+    )
+
+
+# ---- The race: plain against speculative decoding through the trained models -----------------
+
+
+class _Stopwatch:
+    """A model whose forward calls add their CPU seconds to .seconds; the rest passes through."""
+
+    def __init__(self, model):
+        self.model, self.seconds = model, 0.0
+
+    def __getattr__(self, name):
+        return getattr(self.model, name)
+
+    def forward(self, ids):
+        """The model's forward call, timed."""
+        start = time.thread_time()
+        out = self.model.forward(ids)
+        self.seconds += time.thread_time() - start
+        return out
+
+
+class RaceRow(NamedTuple):
+    """One timed run (seconds of this thread's CPU): total, inside model calls, and counts."""
+
+    draft: str  # "plain" for plain decoding
+    gamma: int
+    repeat: int
+    seconds: float
+    model_seconds: float
+    calls: int  # target calls
+    tokens: int  # tokens emitted, overshoot of the last step included
+    beta: float  # mean β at the drafted positions (nan for plain decoding)
+
+
+def _timed_run(pair, prompt, n_tokens, gamma, draft, seed):
+    """A RaceRow's fields after the names: one run with its model calls timed."""
+    target = _Stopwatch(pair.target)
+    models = (target,) if draft is None else (target, _Stopwatch(pair.drafts[draft]))
+    rng = np.random.default_rng(seed)
+    start = time.thread_time()
+    for model in models:
+        model.reset(1, len(prompt) + n_tokens + 2 * gamma + 1)
+        model.prefill(prompt[None, :-1])
+    if draft is None:
+        run = _plain(target, prompt[None], n_tokens, rng, 1.0)
+    else:
+        run = _speculative(*models, prompt[None], n_tokens, gamma, rng, 1.0)
+    seconds = time.thread_time() - start
+    emitted = int((run.accepted[run.accepted >= 0] + 1).sum()) if draft else n_tokens
+    beta = float(run.betas.mean()) if draft and gamma else float("nan")
+    return seconds, sum(m.seconds for m in models), run.calls, emitted, beta
+
+
+def race(pair, settings, prompt, n_tokens, repeats, seed=9):
+    """RaceRows for plain decoding and each (draft, γ) of settings, repeats interleaved."""
+    rows = []
+    with threadpool_limits(limits=BLAS_THREADS, user_api="blas"):
+        for r in range(repeats):
+            for draft, gamma in [(None, 0), *settings]:
+                timed = _timed_run(pair, prompt, n_tokens, gamma, draft, seed + r)
+                rows.append(RaceRow(draft or "plain", gamma, r, *timed))
+    return rows
+
+
+def call_costs(pair, drafts, max_positions, context, repeats):
+    """Median seconds (T(1), …, T(max_positions)) of a target call and of one call of each
+    draft, after `context` cached positions, from `repeats` interleaved measurements."""
+    times = {name: [] for name in drafts}
+    target = []
+    with threadpool_limits(limits=BLAS_THREADS, user_api="blas"):
+        for _ in range(repeats):
+            for name in drafts:
+                *t, d = _call_costs(
+                    pair.target, pair.drafts[name], range(1, max_positions + 1), context
+                )
+                target.append(t)
+                times[name].append(d)
+    medians = {name: float(np.median(t)) for name, t in times.items()}
+    return np.median(np.array(target), axis=0), medians

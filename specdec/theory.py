@@ -104,16 +104,20 @@ def walltime_speedup(alpha, gamma, c):
     return expected_tokens(alpha, gamma) / (gamma * c + 1)
 
 
-def measured_cost_speedup(tokens_per_step, gamma, c, v):
-    """The book's measured-cost form: E[tokens] / (γc + v(γ)); Theorem 3.8 when v = 1."""
+def measured_cost_speedup(tokens_per_step, gamma, c, v, overhead=0.0, plain_overhead=0.0):
+    """The book's measured-cost form: E[tokens]·(1 + o_plain) / (γc + v(γ) + o), every time in
+    units of one target call T(1); o per step and o_plain per plain token are the time spent
+    outside model calls. Theorem 3.8 when v = 1 and o = o_plain = 0."""
     _check_count(gamma, "gamma")
     ok = isinstance(tokens_per_step, Real) and not isinstance(tokens_per_step, bool)
     if not ok or not 1 - 1e-9 <= tokens_per_step <= gamma + 1 + 1e-9:
         raise ValueError(f"tokens_per_step must lie in [1, gamma + 1], got {tokens_per_step!r}")
     _check_nonnegative(c, "c")
+    for value, name in ((overhead, "overhead"), (plain_overhead, "plain_overhead")):
+        _check_nonnegative(value, name)
     if isinstance(v, bool) or not isinstance(v, Real) or not 0 < v < float("inf"):
         raise ValueError(f"v must be a positive finite number, got {v!r}")
-    return tokens_per_step / (gamma * c + v)
+    return tokens_per_step * (1 + plain_overhead) / (gamma * c + v + overhead)
 
 
 def operations_increase(alpha, gamma, c_hat):

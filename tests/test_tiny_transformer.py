@@ -184,13 +184,24 @@ def test_measured_cost_form_rejects_bad_input(args):
 
 
 def test_race_rows_put_the_two_predictions_beside_the_measurement():
-    race = tt.Race(0.010, [tt.RacePoint(0.9, 4, 0.005, 4.7, 30)], {1: 0.010, 5: 0.020}, 0.001)
+    point = tt.RacePoint(0.9, 4, 0.005, 4.7, 30, 0.002)  # 0.2 T(1) outside calls per step
+    race = tt.Race(0.010, [point], {1: 0.010, 5: 0.020}, 0.001, 0.0005, (0.009, 0.011))
     (row,) = tt.race_rows(race)
     assert row["measured"] == pytest.approx(2.0)
     assert row["c"] == pytest.approx(0.1) and row["v(gamma)"] == pytest.approx(2.0)
+    assert row["o"] == pytest.approx(0.2) and row["o plain"] == pytest.approx(0.05)
     expected = sc.chain_stats(0.9, 4).tokens_per_step
-    assert row["measured-cost form"] == pytest.approx(expected / 2.4)
+    assert row["measured-cost form"] == pytest.approx(expected * 1.05 / 2.6)
+    assert row["form without o"] == pytest.approx(expected / 2.4)
+    assert row["error"] == pytest.approx(row["measured-cost form"] / 2.0 - 1)
     assert row["theorem 3.8"] == pytest.approx(sc.walltime_speedup(sc.alpha_exact(0.9), 4, 0.1))
+
+
+def test_the_measured_cost_form_counts_the_time_outside_model_calls():
+    assert sc.measured_cost_speedup(3.0, 4, 0.1, 1.2, 0.4, 0.1) == pytest.approx(3.3 / 2.0)
+    assert sc.measured_cost_speedup(3.0, 4, 0.1, 1.2) == pytest.approx(3.0 / 1.6)
+    with pytest.raises(ValueError, match="overhead"):
+        sc.measured_cost_speedup(3.0, 4, 0.1, 1.2, -0.1)
 
 
 def test_machine_names_cpu_blas_and_threads():
