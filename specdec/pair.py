@@ -118,6 +118,10 @@ class CountModel:
         """Forget every position at or past lengths (B,)."""
         self.lengths = np.broadcast_to(np.asarray(lengths, dtype=np.int64), self.lengths.shape)
 
+    def select(self, rows):
+        """Keep only the sequences where rows (B,) is True."""
+        self.lengths = self.lengths[rows]
+
     def prefill(self, ids):
         """Take in ids (B, n): nothing to compute."""
         self.lengths = self.lengths + np.asarray(ids).shape[1]
@@ -225,10 +229,10 @@ class Pair:
         if draft is not None and draft not in self.drafts:
             raise ValueError(f"draft must be None or one of {sorted(self.drafts)}, got {draft!r}")
         gamma = 0 if draft is None else gamma
-        width = prompt.shape[1] + n_tokens + 2 * gamma + 1  # positions a row's cache may reach
+        width = prompt.shape[1] + n_tokens + gamma  # positions a row's cache may reach, and 1
         if width > self.context:
             raise ValueError(
-                f"prompt length + n_tokens + 2·gamma + 1 = {width} exceeds the {self.context} "
+                f"prompt length + n_tokens + gamma = {width} exceeds the {self.context} "
                 "positions the models know (no window slides, so the law stays the trained one)"
             )
         models = (self.target,) if draft is None else (self.target, self.drafts[draft])
@@ -267,36 +271,49 @@ def _plain(target, prompt, n_tokens, rng, temperature):
 
 
 def _speculative(target, draft, prompt, n_tokens, gamma, rng, temperature):
-    """Speculative decoding with `verify`: γ draft calls, then one target call, per step."""
+    """Speculative decoding with `verify`: γ draft calls, then one target call, per step; a row
+    leaves the batch (and the models' caches) once it has n_tokens."""
     (batch, start), end = prompt.shape, prompt.shape[1] + n_tokens
-    rows, vocab = np.arange(batch)[:, None], target.config.n_outputs
-    seq = np.zeros((batch, end + 2 * gamma + 1), dtype=np.int64)  # prompt, emitted, overshoot
+    seq = np.zeros((batch, end + gamma + 1), dtype=np.int64)  # prompt, then emitted tokens
     seq[:, :start] = prompt
     kinds = np.full(seq.shape, PLAIN, dtype=np.int8)
     filled = np.full(batch, start)  # tokens in seq; the target's cache holds seq[:, :filled - 1]
+    live = np.arange(batch)[filled < end]  # rows still generating, in the caches' order
     log, betas, ratios = [], [], []
-    while filled.min() < end:
-        drafts, q = _draft(draft, seq, filled, gamma, rng, temperature, vocab)
-        ids = np.concatenate([seq[rows, filled[:, None] - 1], drafts], axis=1)  # (B, γ + 1)
-        p = softmax_law(target.forward(ids), temperature)  # (B, γ + 1, V): one call
+    while len(live):
+        f, rows = filled[live], live[:, None]
+        drafts, q = _draft(draft, seq[live], f, gamma, rng, temperature, target.config.n_outputs)
+        ids = np.concatenate([seq[live, f - 1][:, None], drafts], axis=1)  # (b, γ + 1)
+        p = softmax_law(target.forward(ids), temperature)  # (b, γ + 1, V): one call
         accepted, emitted = verify(p, q, drafts, rng)
-        accepted = np.where(filled < end, accepted, -1)  # finished rows emit nothing
-        betas.append(np.minimum(p[:, :gamma], q).sum(axis=-1))  # (B, γ)
-        p_x, q_x = (np.take_along_axis(a[:, :gamma], drafts[..., None], -1)[..., 0] for a in (p, q))
-        ratios.append(np.minimum(1, p_x / q_x))  # (B, γ): q_x > 0, as x was drawn from q
-        target.rollback(filled + accepted)  # keep the last token and the kept drafts
+        target.rollback(f + accepted)  # keep the last token and the kept drafts
         if gamma:  # the draft was fed the last token and γ − 1 drafts: keep those kept
-            draft.rollback(filled + np.minimum(accepted, gamma - 1))
-        slots = filled[:, None] + np.arange(gamma + 1)  # (B, γ + 1)
+            draft.rollback(f + np.minimum(accepted, gamma - 1))
         slot, a = np.arange(gamma + 1), accepted[:, None]
-        kept = slot <= a  # (B, γ + 1): the kept drafts, then one token from p or the residual
+        kept = slot <= a  # (b, γ + 1): the kept drafts, then one token from p or the residual
         kind = np.where(slot < a, ACCEPTED, np.where(a == gamma, BONUS, RESIDUAL))
+        slots = f[:, None] + slot
         seq[rows, slots] = np.where(kept, emitted, seq[rows, slots])
         kinds[rows, slots] = np.where(kept, kind, kinds[rows, slots])
-        filled += accepted + 1
-        log.append(accepted)
+        filled[live] = f + accepted + 1
+        log.append(_spread(accepted, live, batch, -1))
+        p_x, q_x = (np.take_along_axis(x[:, :gamma], drafts[..., None], -1)[..., 0] for x in (p, q))
+        betas.append(_spread(np.minimum(p[:, :gamma], q).sum(axis=-1), live, batch, 0.0))
+        ratios.append(_spread(np.minimum(1, p_x / q_x), live, batch, 0.0))  # q_x > 0: x ~ q
+        going = filled[live] < end
+        if not going.all():
+            live = live[going]
+            for model in (target, draft):
+                model.select(going)
     tokens, kinds = seq[:, start:end], kinds[:, start:end]
     return Run(tokens, kinds, np.array(log), np.array(betas), np.array(ratios), len(log))
+
+
+def _spread(values, live, batch, fill):
+    """values (b, …) of the live rows in a (batch, …) array, fill elsewhere."""
+    out = np.full((batch, *values.shape[1:]), fill, dtype=values.dtype)
+    out[live] = values
+    return out
 
 
 def _draft(draft, seq, filled, gamma, rng, temperature, vocab):
@@ -438,6 +455,17 @@ def window_laws(model, windows, temperature=1.0, chunk=16):
     return np.concatenate(out)
 
 
+N_WINDOWS = 40  # held-out windows of 128 characters that chapter 9 measures α and β on
+BETA_SHOWN = ("bigram", "draft1-500", "draft1-2000", "draft2-2000")  # chapter 9's histograms
+
+
+def heldout_betas(pair, names, n_windows=N_WINDOWS):
+    """{draft: β (n_windows, 128)}: Σ min(p, q) after each position of the held-out windows."""
+    windows = heldout_windows(pair, n_windows)
+    p = window_laws(pair.target, windows)
+    return {name: np.minimum(p, window_laws(pair.drafts[name], windows)).sum(-1) for name in names}
+
+
 def autocorrelation(series, max_lag):
     """Correlation of x_t and x_{t+k} within rows of series (n, T), pooled, k = 1..max_lag."""
     x = series - series.mean()
@@ -486,7 +514,7 @@ def _timed_run(pair, prompt, n_tokens, gamma, draft, seed):
     rng = np.random.default_rng(seed)
     start = time.thread_time()
     for model in models:
-        model.reset(1, len(prompt) + n_tokens + 2 * gamma + 1)
+        model.reset(1, len(prompt) + n_tokens + gamma)
         model.prefill(prompt[None, :-1])
     if draft is None:
         run = _plain(target, prompt[None], n_tokens, rng, 1.0)

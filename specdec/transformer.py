@@ -211,6 +211,11 @@ class TinyTransformer:
             raise ValueError(f"lengths must lie in [0, cached length], got {lengths}")
         self.lengths = lengths.astype(np.int64)  # stale entries are masked, then overwritten
 
+    def select(self, rows):
+        """Keep only the sequences where rows (B,) is True, with their caches."""
+        self.keys, self.values = self.keys[:, rows], self.values[:, rows]
+        self.lengths = self.lengths[rows]
+
     def prefill(self, ids):
         """Cache ids (B, n) from an empty cache, running each distinct row once (prefix sharing)."""
         unique, inverse = np.unique(self._check_ids(ids), axis=0, return_inverse=True)

@@ -1,0 +1,233 @@
+"""Chapter 9's trained pair: shipped files, numpy against JAX, tokenizer, generation's law."""
+
+import hashlib
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from scipy import stats
+
+import specdec.pair
+import specdec_core as sc
+from specdec.audit import _pearson_pooled
+from specdec.pair import WEIGHTS, load_pair, rows_after
+from specdec.verify import _verify
+
+ROOT = Path(__file__).resolve().parents[1]
+PAIR = load_pair()
+V = len(PAIR.vocab)
+PROMPT = PAIR.encode(PAIR.heldout_text[2016:2024])
+LEVEL = 1e-3  # each law test: a correct sampler fails it with probability 1e-3 (fixed seeds)
+
+
+def p_value(tokens, law):
+    """Pearson's test of two-token draws (n, 2) against a law (V, V), sparse cells pooled."""
+    counts = np.bincount(tokens[:, 0] * V + tokens[:, 1], minlength=V * V)
+    stat, df = _pearson_pooled(counts, law.ravel())
+    return stats.chi2.sf(stat, df)
+
+
+def target_joint(temperature=1.0):
+    """The target's law of the two tokens after PROMPT, (V, V)."""
+    p1, p2 = rows_after(PAIR.target, PROMPT, temperature)
+    return p1[:, None] * p2
+
+
+# ---- the shipped files -------------------------------------------------------------------------
+
+
+def test_every_shipped_file_matches_its_manifest_hash_and_the_total_fits_six_megabytes():
+    manifest = json.loads((WEIGHTS / "manifest.json").read_text())
+    entries = [*manifest["models"].values(), manifest["reference_logits"]]
+    for entry in entries:
+        digest = hashlib.sha256((WEIGHTS / entry["file"]).read_bytes()).hexdigest()
+        assert digest == entry["sha256"], entry["file"]
+    corpus = WEIGHTS.parent / manifest["corpus"]["file"]
+    assert hashlib.sha256(corpus.read_bytes()).hexdigest() == manifest["corpus"]["sha256"]
+    total = corpus.stat().st_size + sum((WEIGHTS / e["file"]).stat().st_size for e in entries)
+    assert total <= 6e6, total
+
+
+def copied(tmp_path):
+    """A copy of the weights folder and the corpus beside it, to break."""
+    shutil.copytree(WEIGHTS, tmp_path / "weights")
+    shutil.copytree(WEIGHTS.parent / "data", tmp_path / "data")
+    return tmp_path / "weights"
+
+
+def test_loading_names_the_file_that_is_missing_corrupt_or_misshapen(tmp_path):
+    folder = copied(tmp_path)
+    assert load_pair(folder).vocab == PAIR.vocab  # the copy loads: the breakage is what fails
+    (folder / "draft1-500.npz").unlink()
+    with pytest.raises(ValueError, match="draft1-500.npz is missing"):
+        load_pair(folder)
+    shutil.copy(WEIGHTS / "draft1-500.npz", folder)
+    data = bytearray((folder / "target.npz").read_bytes())
+    data[len(data) // 2] ^= 1
+    (folder / "target.npz").write_bytes(bytes(data))
+    with pytest.raises(ValueError, match="target.npz is corrupt"):
+        load_pair(folder)
+
+
+def test_a_weight_of_the_wrong_shape_is_refused_by_name(tmp_path):
+    folder = copied(tmp_path)
+    with np.load(folder / "draft1-500.npz") as npz:
+        arrays = dict(npz)
+    arrays["layer0_w_o"] = arrays["layer0_w_o"][:, :-1]
+    np.savez(folder / "draft1-500.npz", **arrays)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    digest = hashlib.sha256((folder / "draft1-500.npz").read_bytes()).hexdigest()
+    manifest["models"]["draft1-500"]["sha256"] = digest
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ValueError, match=r"draft1-500.npz: array layer0_w_o should have shape"):
+        load_pair(folder)
+
+
+@pytest.mark.parametrize("name", ["target", "draft1-500", "draft1-2000", "draft2-2000"])
+def test_numpy_inference_matches_the_stored_jax_logits(name):
+    with np.load(WEIGHTS / "reference_logits.npz") as ref:
+        ids, expected = ref["ids"], ref[name]
+    model = PAIR.target if name == "target" else PAIR.drafts[name]
+    model.reset(len(ids), ids.shape[1])
+    assert np.abs(model.forward(ids) - expected).max() <= 1e-4
+    model.reset(len(ids), ids.shape[1])  # the control: a weight off by 0.1 % is seen
+    saved = model.unembed
+    model.unembed = saved * 1.001
+    try:
+        assert np.abs(model.forward(ids) - expected).max() > 1e-4
+    finally:
+        model.unembed = saved
+
+
+# ---- the tokenizer ------------------------------------------------------------------------------
+
+
+def test_encode_and_decode_round_trip_and_refuse_what_is_not_in_the_vocabulary():
+    text = PAIR.heldout_text[:500]
+    assert PAIR.decode(PAIR.encode(text)) == text
+    assert PAIR.encode("").shape == (0,)
+    with pytest.raises(ValueError, match=r"\['é', '€'\]"):
+        PAIR.encode("café €")
+    with pytest.raises(TypeError, match="text must be a str"):
+        PAIR.encode(b"abc")
+    with pytest.raises(ValueError, match="ids must lie in"):
+        PAIR.decode(np.array([0, V]))
+
+
+# ---- the cache ----------------------------------------------------------------------------------
+
+
+def test_a_rollback_gives_the_logits_of_a_full_recompute():
+    ids = PAIR.encode(PAIR.heldout_text[100:130])[None]
+    net = PAIR.target
+    net.reset(1, 40)
+    net.forward(ids[:, :20])
+    net.forward(ids[:, 20:25])
+    net.rollback(22)
+    cached = net.forward(ids[:, 22:26])
+    net.reset(1, 40)
+    full = net.forward(ids[:, :26])[:, 22:26]
+    assert np.abs(cached - full).max() < 1e-5
+    net.reset(1, 40)  # the control: without the rollback the cache holds stale positions
+    net.forward(ids[:, :25])
+    assert np.abs(net.forward(ids[:, 22:26]) - full).max() > 1e-3
+
+
+def test_prefill_runs_each_distinct_prompt_once_and_equals_the_full_forward():
+    prompts = np.stack([PROMPT, PROMPT[::-1], PROMPT, PROMPT])  # (4, 8): two distinct rows
+    a, b = PAIR.drafts["draft2-2000"], sc.load_pair().drafts["draft2-2000"]
+    a.reset(4, 12)
+    a.prefill(prompts)
+    b.reset(4, 12)
+    b.forward(prompts)
+    nxt = np.arange(4)[:, None]
+    assert np.abs(a.forward(nxt) - b.forward(nxt)).max() < 1e-5
+
+
+# ---- generation's law ----------------------------------------------------------------------------
+
+
+def test_generate_with_gamma_zero_has_plain_samplings_law():
+    rng = np.random.default_rng(5)
+    tokens = PAIR.generate(np.tile(PROMPT, (10_000, 1)), 2, 0, rng, draft="draft1-2000")
+    assert p_value(tokens, target_joint()) > LEVEL
+    assert p_value(tokens, target_joint(0.9)) < LEVEL  # the control: the law at T = 0.9
+
+
+def test_speculative_generation_through_the_real_models_keeps_the_targets_law():
+    rng = np.random.default_rng(6)
+    tokens = PAIR.generate(np.tile(PROMPT, (10_000, 1)), 2, 2, rng, draft="draft1-500")
+    assert p_value(tokens, target_joint()) > LEVEL
+
+
+def test_the_same_test_rejects_generation_through_a_broken_verifier(monkeypatch):
+    rule = sc.BROKEN_RULES["resample from p"]
+
+    def broken(target_probs, draft_probs, draft_tokens, rng):
+        return _verify(target_probs, draft_probs, draft_tokens, rng, rule)
+
+    monkeypatch.setattr(specdec.pair, "verify", broken)
+    rng = np.random.default_rng(6)
+    tokens = PAIR.generate(np.tile(PROMPT, (10_000, 1)), 2, 2, rng, draft="draft1-500")
+    assert p_value(tokens, target_joint()) < LEVEL
+
+
+def test_the_enumerated_two_token_law_is_the_targets_for_the_correct_rule_only():
+    p1, p2 = rows_after(PAIR.target, PROMPT)
+    q1, q2 = rows_after(PAIR.drafts["bigram"], PROMPT)
+    joint = p1[:, None] * p2
+    assert np.abs(specdec.pair.two_token_law(p1, q1, p2, q2) - joint).max() < 1e-12
+    for rule in sc.BROKEN_RULES.values():
+        law = specdec.pair.two_token_law(p1, q1, p2, q2, rule)
+        assert abs(law.sum() - 1) < 1e-12 and np.abs(law - joint).sum() / 2 > 1e-3
+
+
+# ---- bad input -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(n_tokens=200), "exceeds the 128 positions"),
+        (dict(draft="trigram"), "draft must be None or one of"),
+        (dict(gamma=-1), "gamma must be a non-negative integer"),
+        (dict(temperature=0.0), "temperature must be a positive number"),
+        (dict(prompt_ids=np.array([[0, V]])), "prompt_ids must lie in"),
+        (dict(prompt_ids=np.zeros((1, 0), int)), "prompt_ids must have shape"),
+        (dict(prompt_ids=np.array([[0.5]])), "prompt_ids must be integers"),
+        (dict(rng=0), "rng must be a numpy.random.Generator"),
+    ],
+)
+def test_generate_refuses_bad_input_by_name(kwargs, message):
+    args = dict(prompt_ids=PROMPT, n_tokens=4, gamma=2, rng=np.random.default_rng(0))
+    args |= dict(draft="bigram") | kwargs
+    with pytest.raises(ValueError, match=message):
+        PAIR.generate(**args)
+
+
+# ---- training ---------------------------------------------------------------------------------
+
+TRAIN_PYTHON = ROOT / ".venv-train" / "bin" / "python"
+
+
+@pytest.mark.skipif(
+    not TRAIN_PYTHON.exists(), reason="JAX is not installed here: `make train` installs it"
+)
+def test_a_few_training_steps_of_a_tiny_model_lower_the_loss():
+    result = subprocess.run(
+        [TRAIN_PYTHON, ROOT / "scripts" / "train_pair.py", "--smoke"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0 and "smoke OK" in result.stdout, result.stderr[-2000:]
+
+
+def test_the_book_never_imports_jax():
+    code = "import specdec_core as sc, sys; sc.load_pair(); print('jax' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
