@@ -9,16 +9,53 @@ import html
 import numpy as np
 
 from .article import REAL_PAIR_ALPHAS
-from .block import BLOCK_GAMMA, RANDOM_PAIRS, block_sweep, random_pair_gains, rule_tokens_per_call, toy_tokens_per_call
-from .experiments import N_DRAWS, SEEDS, acceptance_sweep, control_rows, joint_check, one_token_check, sampling_check
+from .block import (
+    BLOCK_GAMMA,
+    RANDOM_PAIRS,
+    block_sweep,
+    random_pair_gains,
+    rule_tokens_per_call,
+    toy_tokens_per_call,
+)
+from .experiments import (
+    N_DRAWS,
+    SEEDS,
+    acceptance_sweep,
+    control_rows,
+    joint_check,
+    one_token_check,
+    sampling_check,
+)
 from .lossy import LOSSY_KNOBS, lossy_frontier
-from .models import BOS, CONTEXTS, CONTEXT_INDEX, P_MATRIX, V, VOCAB, _check_context, draft_matrix, show_token
+from .models import (
+    BOS,
+    CONTEXT_INDEX,
+    CONTEXTS,
+    P_MATRIX,
+    VOCAB,
+    V,
+    _check_context,
+    draft_matrix,
+    show_token,
+)
 from .multidraft import MD_CTX, MD_KS, MD_W, MULTI_DRAFT_RULES, multi_draft_rows, pair_optima
 from .pair import ACCEPTED, BETA_SHOWN, BONUS, PLAIN, RESIDUAL, heldout_betas, load_pair
 from .pipelines import DETECT_LEVEL, DETECT_POWER, bug_rows
 from .rule import _residual_weights, trace_run
 from .stats import noise_reference
-from .theory import alpha_exact, alpha_of, chain_stats, expected_tokens, markov_chain_stats, operations_increase, optimal_gamma, oracle_speedup, regime_models, unsmoothed_models, walltime_speedup
+from .theory import (
+    alpha_exact,
+    alpha_of,
+    chain_stats,
+    expected_tokens,
+    markov_chain_stats,
+    operations_increase,
+    optimal_gamma,
+    oracle_speedup,
+    regime_models,
+    unsmoothed_models,
+    walltime_speedup,
+)
 
 OKABE_ITO = ["#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#F0E442", "#000000"]
 BOOK_STYLE = {  # sized to be read on a phone: a 6.4-inch figure shows at 342 px wide there
