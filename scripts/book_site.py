@@ -1,15 +1,19 @@
 """Sphinx extension of the book (registered in _config.yml under sphinx.local_extensions).
 
-It does three things the theme and myst-nb do not:
+It does four things the theme and myst-nb do not:
 - stamps every page with the project's version and the date of the sources it was built from;
 - offers each chapter as a notebook in the theme's download menu;
 - when the HTML build finishes, turns each executed chapter into a stand-alone notebook (the
   `notebooks` module does the conversion) and packs them, with the core and its requirements,
-  into one archive: exact-by-construction-notebooks.zip at the root of the site.
+  into one archive: exact-by-construction-notebooks.zip at the root of the site;
+- keeps a first visit light: the theme's icon script keeps only the icons the site uses (1.5 MB
+  down to a few kB), and the figures are stored as 256-colour PNGs (about a third of the bytes).
 """
 
 import datetime
+import io
 import os
+import re
 import subprocess
 import tomllib
 from pathlib import Path
@@ -73,8 +77,68 @@ def _write_notebooks(app, exception):
     write_all(app, ROOT, Path(app.outdir), ARCHIVE, Path(app.outdir).parent / NOTEBOOKS_DIR)
 
 
+# One icon of Font Awesome's bundle: "name":[width,height,[aliases],"unicode",path or paths].
+# Minified, a name that is a valid identifier loses its quotes.
+ICON = re.compile(
+    r'(?:"([a-z0-9-]+)"|([A-Za-z0-9_$]+)):\[\d+,\d+,\[([^\]]*)\],"[0-9a-f]+",'
+    r'(?:"[^"]*"|\[[^\]]*\])\],?'
+)
+
+
+def used_icons(outdir):
+    """Every fa-NAME the built pages and the theme's other scripts mention."""
+    names = set()
+    files = [*outdir.rglob("*.html"), *(outdir / "_static" / "scripts").glob("*.js")]
+    for path in files:
+        if path.name != "fontawesome.js":
+            names |= set(re.findall(r"fa-([a-z0-9-]+)", path.read_text(errors="replace")))
+    return names
+
+
+def subset_icons(script, keep):
+    """Font Awesome's bundle without the icons not in keep (matched by name or alias)."""
+
+    def entry(match):
+        names = {match.group(1) or match.group(2), *re.findall(r'"([a-z0-9-]+)"', match.group(3))}
+        return match.group(0) if names & keep else ""
+
+    return ICON.sub(entry, script)
+
+
+def optimise_png(data):
+    """A figure's PNG as 256 colours (its text chunks and resolution kept), if that is smaller."""
+    from PIL import Image, PngImagePlugin
+
+    with Image.open(io.BytesIO(data)) as image:
+        if image.mode == "P":
+            return data
+        info = PngImagePlugin.PngInfo()
+        for key, value in image.text.items():
+            info.add_text(key, value)
+        small = image.convert("RGB").quantize(256, dither=Image.Dither.NONE)
+        out = io.BytesIO()
+        small.save(out, "PNG", optimize=True, pnginfo=info, dpi=image.info.get("dpi", (72, 72)))
+    return out.getvalue() if out.tell() < len(data) else data
+
+
+def _lighten(app, exception):
+    """After a successful build: subset the icon script, and shrink every figure."""
+    if exception is not None or app.builder.format != "html":
+        return
+    outdir = Path(app.outdir)
+    script = outdir / "_static" / "scripts" / "fontawesome.js"
+    if script.exists():
+        script.write_text(subset_icons(script.read_text(), used_icons(outdir)))
+    for png in (outdir / "_images").glob("*.png"):
+        data = png.read_bytes()
+        smaller = optimise_png(data)
+        if smaller is not data:
+            png.write_bytes(smaller)
+
+
 def setup(app):
     app.connect("config-inited", _stamp_footer)
     app.connect("html-page-context", _offer_notebook, priority=400)
     app.connect("build-finished", _write_notebooks)
+    app.connect("build-finished", _lighten)
     return {"parallel_read_safe": True, "parallel_write_safe": True}

@@ -16,6 +16,8 @@ from bs4 import BeautifulSoup
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 import pdf  # noqa: E402  scripts/pdf.py: the offline launcher prefix for Chromium
 
+import specdec_core as sc  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 SITE = ROOT / "_build" / "html"
 PAGES = sorted(p for p in SITE.rglob("*.html") if "_static" not in p.relative_to(SITE).parts)
@@ -270,10 +272,14 @@ def settle(page):
     )
 
 
-# Measures, in the page: math cut off by a clipping box or the window; code blocks that scroll
-# sideways; the width each content image is drawn at.
+# Measures, in the page: math cut off by a clipping box or the window; formulas that stick out of
+# any box (so that they need a sideways scroll); code blocks that wrap, or scroll without a cue;
+# wide tables without a cue; each content image's drawn and natural width.
 MEASURE = """() => {
-    const clipped = [];
+    const scroller = o => o === 'auto' || o === 'scroll';
+    const cued = e => getComputedStyle(e).backgroundImage.includes('gradient');
+    const shown = e => e.getClientRects().length > 0;
+    const clipped = [], sticking = [];
     for (const m of document.querySelectorAll('mjx-container')) {
         const r = m.getBoundingClientRect();
         if (r.width === 0) continue;
@@ -285,24 +291,48 @@ MEASURE = """() => {
         const o = box ? getComputedStyle(box).overflowX : 'visible';
         const right = box ? box.getBoundingClientRect().right : window.innerWidth;
         const left = box ? box.getBoundingClientRect().left : 0;
-        const scrolls = o === 'auto' || o === 'scroll';
-        if (!scrolls && (r.right > right + 1 || r.left < left - 1))
+        if (!scroller(o) && (r.right > right + 1 || r.left < left - 1))
             clipped.push(m.textContent.slice(0, 60));
+        const f = (m.querySelector('mjx-math') || m).getBoundingClientRect();
+        let out = f.right > window.innerWidth + 1 || f.left < -1;
+        for (let e = m; e && e !== document.body && !out; e = e.parentElement) {
+            const c = getComputedStyle(e);
+            if (c.overflowX === 'visible' || c.display === 'inline') continue;
+            const b = e.getBoundingClientRect();
+            out = f.right > b.right + 1 || f.left < b.left - 1;
+        }
+        if (out) sticking.push(m.textContent.slice(0, 60));
     }
-    const code = [...document.querySelectorAll('main pre')]
-        .filter(p => p.getClientRects().length && p.scrollWidth > p.clientWidth + 1)
-        .map(p => p.textContent.slice(0, 60));
+    const code = [...document.querySelectorAll('main pre')].filter(shown).filter(p => {
+        const c = getComputedStyle(p);
+        const scrolls = p.scrollWidth > p.clientWidth + 1;
+        return c.whiteSpace !== 'pre' || (scrolls && !(scroller(c.overflowX) && cued(p)));
+    }).map(p => p.textContent.slice(0, 60));
+    const scrolling = [...document.querySelectorAll('main pre')]
+        .filter(p => shown(p) && p.scrollWidth > p.clientWidth + 1).length;
+    const tables = [...document.querySelectorAll('main table')].filter(shown).filter(t => {
+        let box = t;
+        while (box.parentElement && box !== document.body
+               && !scroller(getComputedStyle(box).overflowX)) box = box.parentElement;
+        const wide = t.getBoundingClientRect().width > box.clientWidth + 1;
+        return wide && (box === document.body || !cued(box));
+    }).map(t => t.textContent.trim().slice(0, 60));
     const drawn = [...document.querySelectorAll('main img')]
-        .map(i => [i.getAttribute('src'), Math.round(i.getBoundingClientRect().width)]);
-    return {clipped, code, drawn};
+        .map(i => [i.getAttribute('src'), Math.round(i.getBoundingClientRect().width),
+                   i.naturalWidth]);
+    return {clipped, sticking, code, scrolling, tables, drawn};
 }"""
 
 
 def visit(browser, page_path, width=DESKTOP):
-    """Open a page from disk with every non-file request blocked; return what happened."""
+    """Open a page from disk with every non-file request blocked; return what happened, with the
+    bytes of every file the page loaded (its weight on a first visit, nothing cached)."""
     context, page, outside, errors = new_page(browser, width)
+    loaded = set()
+    page.on("request", lambda r: loaded.add(r.url) if r.url.startswith("file://") else None)
     page.goto(page_path.as_uri(), wait_until="load")
     settle(page)
+    page.wait_for_timeout(300)  # fonts and icons requested once the page is laid out
     result = page.evaluate("""() => ({
         images: [...document.images].map(i => [i.getAttribute('src'), i.naturalWidth, i.alt]),
         math: document.querySelectorAll('.math').length,
@@ -313,7 +343,37 @@ def visit(browser, page_path, width=DESKTOP):
     })""")
     result.update(page.evaluate(MEASURE))
     context.close()
+    files = {Path(unquote(urlsplit(url).path)) for url in loaded}
+    result["weight"] = {str(f): f.stat().st_size for f in files if f.is_file()}
+    result["text sizes"] = figure_text_sizes(page_path, result["drawn"])
     return result, outside, errors
+
+
+def smallest_text_px(image, drawn_width, natural_width):
+    """The smallest figure text of a PNG drawn drawn_width CSS px wide, in CSS px, from the
+    text chunk the book's figures carry (None for an image without it)."""
+    from PIL import Image
+
+    with Image.open(image) as png:
+        points = png.info.get(sc.SMALLEST_TEXT_KEY)
+        dpi = png.info.get("dpi", (72, 72))[0]
+    if points is None or not natural_width:
+        return None
+    return float(points) * dpi / 72 * drawn_width / natural_width
+
+
+def figure_text_sizes(page_path, drawn):
+    """{image: its smallest text in CSS px as drawn} for every PNG in a page's main text."""
+    sizes = {}
+    for src, width, natural in drawn:
+        image = (page_path.parent / unquote(urlsplit(src).path)).resolve()
+        if image.suffix == ".png" and width:
+            sizes[src] = smallest_text_px(image, width, natural)
+    return sizes
+
+
+PAGE_WEIGHT = 2_000_000  # bytes a first visit may load (issue 23)
+SMALLEST_TEXT = 9.0  # CSS px: the least font size of figure text at 390 px (issue 23)
 
 
 @pytest.mark.parametrize("page_path", CONTENT_PAGES, ids=lambda p: p.stem)
@@ -325,20 +385,32 @@ def test_page_in_a_real_browser(browser, page_path):
     assert all(len(alt) > 20 for _, _, alt in result["images"]), "an image without alt text"
     assert result["typeset"] == result["math"] and result["rawTex"] == 0
     assert not re.search(r"\\\(|\\\[|\$\$", result["text"]), "raw TeX left in the page"
-    assert not result["code"], f"code blocks that scroll sideways at {DESKTOP} px: {result['code']}"
+    assert not result["code"], f"code that wraps, or scrolls without a cue: {result['code']}"
+    assert not result["sticking"], f"formulas wider than their box: {result['sticking']}"
+    weight = sum(result["weight"].values())
+    heaviest = sorted(result["weight"].items(), key=lambda kv: -kv[1])[:5]
+    print(f"{page_path.stem}: {weight:,} bytes on a first visit; heaviest {heaviest}")
+    assert weight <= PAGE_WEIGHT, f"{weight:,} bytes on a first visit: {heaviest}"
 
 
 @pytest.mark.parametrize("page_path", CONTENT_PAGES, ids=lambda p: p.stem)
 def test_page_on_a_phone(browser, page_path):
-    """At 390 px: no typeset math cut off (it fits, or its box scrolls), no code block that
-    scrolls sideways, and every content image drawn at least 300 px wide."""
+    """At 390 px: every formula inside its box (no sideways scroll), no math cut off, code that
+    never wraps mid-word and scrolls only with a visible cue, every wide table with a scroll cue,
+    every content image drawn at least 300 px wide, and no figure text under 9 CSS px."""
     result, outside, errors = visit(browser, page_path, PHONE)
     assert not outside and not errors, (outside, errors)
     assert not result["clipped"], f"math cut off at {PHONE} px: {result['clipped']}"
-    assert not result["code"], f"code blocks that scroll sideways at {PHONE} px: {result['code']}"
-    narrow = [(src, w) for src, w in result["drawn"] if w < 300]
-    print(f"{page_path.stem}: image widths at {PHONE} px:", [w for _, w in result["drawn"]])
+    assert not result["sticking"], f"formulas wider than their box: {result['sticking']}"
+    assert not result["code"], f"code that wraps, or scrolls without a cue: {result['code']}"
+    assert not result["tables"], f"wide tables without a scroll cue: {result['tables']}"
+    narrow = [(src, w) for src, w, _ in result["drawn"] if w < 300]
+    print(f"{page_path.stem}: image widths at {PHONE} px:", [w for _, w, _ in result["drawn"]])
     assert not narrow, f"images drawn narrower than 300 px at {PHONE} px: {narrow}"
+    sizes = result["text sizes"]
+    print(f"{page_path.stem}: smallest figure text (CSS px):", sorted(sizes.values(), key=str))
+    small = {src: px for src, px in sizes.items() if px is None or px < SMALLEST_TEXT}
+    assert not small, f"figure text under {SMALLEST_TEXT} CSS px (or unmeasured): {small}"
 
 
 def visible(page, selector):
