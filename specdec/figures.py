@@ -264,7 +264,7 @@ def plot_joint_difference(comparison, limit=4):
 
 def plot_controls(rows, noise_q95):
     """Total variation of each verifier's 200,000-draw sample on a log axis, against noise."""
-    fig, ax = new_figure()
+    fig, ax = new_figure(figsize=(5.6, 4.0))
     names = [r["verifier"] for r in rows]
     tvs = [r["sampled TV"] for r in rows]
     for name, tv, row in zip(names, tvs, rows):
@@ -286,7 +286,7 @@ def plot_controls(rows, noise_q95):
     ax.set(
         xlabel="total variation to the target joint (log scale)",
         ylabel="verifier",
-        title="The same test on the correct rule and four broken ones",
+        title="The same test on the correct rule\nand four broken ones",
     )
     handles, labels = ax.get_legend_handles_labels()
     unique = dict(zip(labels, handles))
@@ -509,7 +509,7 @@ def plot_operations_increase(gammas=(1, 2, 3, 5, 7, 10), c_hat=0.0):
 
 def plot_real_pairs():
     """Measured α of real draft/target pairs (Leviathan et al., Table 3) beside the toy's."""
-    fig, ax = new_figure(figsize=(4.4, 6.8))
+    fig, ax = new_figure(figsize=(3.8, 6.8))
     short = {"GPT-like 97M": "GPT 97M", "T5-XXL EnDe": "EnDe", "T5-XXL CNNDM": "CNNDM"}
     labels = [f"{short.get(target, target)} ← {draft}" for target, draft, _, _ in REAL_PAIR_ALPHAS]
     y = np.arange(len(labels))

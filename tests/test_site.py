@@ -367,7 +367,7 @@ def figure_text_sizes(page_path, drawn):
     sizes = {}
     for src, width, natural in drawn:
         image = (page_path.parent / unquote(urlsplit(src).path)).resolve()
-        if image.suffix == ".png" and width:
+        if image.suffix == ".png" and width and image.exists():  # a missing one fails elsewhere
             sizes[src] = smallest_text_px(image, width, natural)
     return sizes
 
@@ -497,7 +497,59 @@ def test_the_browser_check_can_fail(browser, tmp_path):
     assert outside == ["https://example.org/x.png"]
     assert errors and any(width == 0 for _, width, _ in result["images"])
     assert result["rawTex"] == 1 and result["code"] and result["clipped"]
-    assert all(w < 300 for _, w in result["drawn"])
+    assert all(w < 300 for _, w, _ in result["drawn"])
+
+
+CUE = (
+    "background: linear-gradient(to right, white, transparent) left / 2em 100% no-repeat local,"
+    " white"
+)
+
+
+def test_the_phone_measures_can_fail(browser, tmp_path):
+    """A formula that scrolls in its box, code that wraps, a scrolling code block and a wide
+    table without a cue are each caught; the same code and table with the cue pass."""
+    wide = "<table><tr>" + "<td>cell number</td>" * 30 + "</tr></table>"
+    page = tmp_path / "phone.html"
+    page.write_text(
+        '<main><div style="overflow-x: auto; width: 200px"><mjx-container style="display:'
+        ' inline-block"><mjx-math style="display: inline-block; width: 300px">z</mjx-math>'
+        '</mjx-container></div><pre style="white-space: pre-wrap">' + "w " * 300 + "</pre>"
+        '<pre style="white-space: pre; overflow-x: auto">' + "v" * 400 + "</pre>"
+        f'<div style="overflow-x: auto">{wide}</div>'
+        f'<pre style="white-space: pre; overflow-x: auto; {CUE}">' + "u" * 400 + "</pre>"
+        f'<div style="overflow-x: auto; {CUE}">{wide}</div></main>'
+    )
+    result, _, _ = visit(browser, page, PHONE)
+    assert [t[:2] for t in result["sticking"]] == ["z"]
+    assert [c[:1] for c in result["code"]] == ["w", "v"] and result["scrolling"] == 2
+    assert len(result["tables"]) == 1
+
+
+def test_the_page_weight_and_figure_text_checks_can_fail(browser, tmp_path):
+    """A page that loads 3 MB is weighed at 3 MB; a figure with 9 pt text drawn 300 px wide has
+    text under 9 CSS px, and a figure without the record is unmeasured."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    figure, axes = sc.new_figure(figsize=(6.4, 4.0))
+    axes.set_title("small", fontsize=9)
+    figure.savefig(
+        tmp_path / "small.png",
+        dpi=200,
+        metadata={sc.SMALLEST_TEXT_KEY: f"{sc.smallest_text(figure)}"},
+    )
+    figure.savefig(tmp_path / "plain.png", dpi=200)
+    (tmp_path / "heavy.js").write_text("//" + "x" * 3_000_000)
+    page = tmp_path / "heavy.html"
+    page.write_text(
+        '<main><script src="heavy.js"></script><img src="small.png" alt="a small figure here"'
+        ' style="width: 300px"><img src="plain.png" alt="a figure with no record"></main>'
+    )
+    result, _, _ = visit(browser, page, PHONE)
+    assert sum(result["weight"].values()) > PAGE_WEIGHT
+    sizes = result["text sizes"]
+    assert sizes["plain.png"] is None and 5 < sizes["small.png"] < SMALLEST_TEXT
 
 
 # ---- what a reader expects of a book: numbers, a stamp, citations that lead to the paper ---
