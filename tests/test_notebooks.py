@@ -73,7 +73,8 @@ def test_the_download_menu_offers_the_notebook(chapter):
     )
 
 
-WIDGET = re.compile(r"^```\{code-cell\}[^\n]*\n(?:(?!^```)[\s\S])*?widget_panel\(", re.M)
+# A code cell with a line of code (not an option line, not a comment) that calls widget_panel.
+WIDGET = re.compile(r"^```\{code-cell\}[^\n]*\n(?:(?!^```)[\s\S])*?^[^:#\n]*widget_panel\(", re.M)
 
 
 def test_no_chapter_shows_a_widget_when_executed():
@@ -82,7 +83,8 @@ def test_no_chapter_shows_a_widget_when_executed():
     shown = [c.stem for c in CHAPTERS if WIDGET.search(c.read_text())]
     assert not shown, shown
     assert not WIDGET.search("Type `sc.widget_panel()` in a new cell.\n")
-    assert WIDGET.search("```{code-cell} ipython3\ndisplay(sc.widget_panel())\n```\n")
+    assert WIDGET.search("```{code-cell} ipython3\n:tags: [x]\ndisplay(sc.widget_panel())\n```\n")
+    assert not WIDGET.search("```{code-cell} ipython3\n:  caption: sc.widget_panel() gives\n```\n")
 
 
 def test_the_archive_holds_notebooks_core_and_requirements():

@@ -454,6 +454,52 @@ def test_the_menu_and_contents_buttons_work(browser, width):
     assert not outside and not errors, (outside, errors)
 
 
+def tap_a_section(browser, page_path):
+    """At 390 px, open the page's contents, tap the third section: (contents still drawn over
+    the page?, the section marked active, the section tapped, the section at the top)."""
+    context, page, outside, errors = new_page(browser, PHONE)
+    page.goto(page_path.as_uri(), wait_until="load")
+    settle(page)
+    page.locator(".secondary-toggle").filter(visible=True).first.click()
+    page.wait_for_timeout(600)
+    link = page.locator("#pst-secondary-sidebar-modal nav a").filter(visible=True).nth(2)
+    tapped = link.get_attribute("href")
+    link.click()
+    page.wait_for_timeout(800)
+    state = page.evaluate(
+        """() => ({
+            open: [...document.querySelectorAll('dialog')].some(d => d.open),
+            active: [...document.querySelectorAll('#pst-secondary-sidebar a.active, dialog a.active')]
+                .map(a => a.getAttribute('href')),
+            top: location.hash})"""
+    )
+    context.close()
+    assert not outside and not errors, (outside, errors)
+    return state["open"], state["active"], tapped, state["top"]
+
+
+def test_a_tap_in_the_contents_closes_them_and_marks_the_section(browser):
+    """On a phone the contents dialog closes after a tap, and marks the section tapped."""
+    still_open, active, tapped, top = tap_a_section(browser, SITE / "book" / "ch2_one_token.html")
+    assert not still_open, "the contents stay open over the page after a tap"
+    assert top == tapped and active[-1:] == [tapped], (active, tapped, top)
+
+
+def test_the_contents_check_can_fail(browser, tmp_path):
+    """Without the book's script the theme's dialog stays open after a tap: the check sees it."""
+    page = tmp_path / "book" / "ch2_one_token.html"
+    page.parent.mkdir()
+    html = (SITE / "book" / "ch2_one_token.html").read_text(encoding="utf-8")
+    page.write_text(
+        re.sub(r'<script src="../_static/book.js[^"]*"></script>', "", html)
+        .replace('"../_static/', f'"{SITE.as_uri()}/_static/')
+        .replace('"../_images/', f'"{SITE.as_uri()}/_images/'),
+        encoding="utf-8",
+    )
+    still_open, _, _, _ = tap_a_section(browser, page)
+    assert still_open
+
+
 def search(browser, query, summaries=False):
     """(number of hits, outside requests, console errors) of a search on the built site; with
     summaries=True the page also fetches each hit's text, as Sphinx does by default."""
