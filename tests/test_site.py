@@ -469,7 +469,7 @@ def tap_a_section(browser, page_path):
     state = page.evaluate(
         """() => ({
             open: [...document.querySelectorAll('dialog')].some(d => d.open),
-            active: [...document.querySelectorAll('#pst-secondary-sidebar a.active, dialog a.active')]
+            active: [...document.querySelectorAll('#pst-secondary-sidebar a.active')]
                 .map(a => a.getAttribute('href')),
             top: location.hash})"""
     )
