@@ -45,8 +45,10 @@ PRINT_CSS = """<style>
   details.sd-dropdown > summary { list-style: none; }
   details.sd-dropdown > summary::-webkit-details-marker { display: none; }
   .bd-main .bd-content .bd-article-container { max-width: 100%; }
-  mjx-container[display="true"], pre, .pst-scrollable-table-container,
-  div.cell_output div.output.text_html { overflow: visible !important; }
+  mjx-container[display="true"], span.math, pre, .pst-scrollable-table-container,
+  div.cell_output div.output.text_html, div.proof, div.admonition, div.theorem, section.proof {
+    overflow: visible !important;
+  }
   div.highlight pre, .cell_input pre, .cell_output pre { white-space: pre-wrap; }
   figure, img, table, mjx-container[display="true"] { break-inside: avoid; }
 }
