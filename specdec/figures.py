@@ -134,12 +134,13 @@ def _legend_on_top(ax, ncol=2):
 
 
 def plot_target_heatmap(label_above=0.15):
-    """Heatmap of the 19 × 18 target probabilities p(x | ctx); cells ≥ label_above carry values."""
+    """Heatmap of the 19 × 18 target probabilities p(x | ctx); cells ≥ label_above carry values
+    in percent (two digits fit a cell at a legible size)."""
     fig, ax = new_figure(figsize=(6.4, 6.4))
     image = ax.imshow(P_MATRIX, cmap="viridis")
     for (i, j), prob in np.ndenumerate(P_MATRIX):
         if prob >= label_above:
-            ax.text(j, i, f"{prob:.2f}"[1:], ha="center", va="center", fontsize=12.5)
+            ax.text(j, i, f"{100 * prob:.0f}", ha="center", va="center", fontsize=12.5)  # in %
     _token_axis(ax)
     _token_axis(ax, CONTEXTS, axis="y")
     ax.grid(False)
