@@ -33,6 +33,9 @@ GLUE_STANDIN = '''def glue(name, value, display=True):
 FENCE = re.compile(r"^(?P<indent>\s*)(?P<fence>`{3,}|:{3,})\s*(?:\{(?P<name>[^}]+)\})?(?P<arg>.*)$")
 ROLE = re.compile(r"\{(?P<name>[a-z][a-z0-9:_-]*)\}`(?P<text>[^`]*)`")
 TARGET = re.compile(r"^\s*\([\w.:-]+\)=\s*$")
+# The site's "Download this chapter as a notebook <...>, or run it with `make lab`." sentence.
+DOWNLOAD_SENTENCE = re.compile(r"\{download\}`Download this chapter[^`]*`[^.]*\.\s*")
+NOTATION = "book/notation"  # shipped in the archive as notation.md, linked from the notebooks
 KINDS = ("theorem", "lemma", "corollary", "proposition", "definition", "remark", "example")
 PRF_DIRECTIVES = {f"prf:{k}" for k in KINDS}
 ADMONITIONS = {"note", "tip", "warning", "important", "caution", "attention", "hint", "seealso"}
@@ -61,6 +64,7 @@ class Converter:
             self.glue[docname] = json.loads(path.read_text())
         self.bib = self._bibliography()
         self.prf_titles = self._prf_titles()
+        self.pages = {}  # docname -> its file in the archive, for links between the pages
 
     # ---- look-ups --------------------------------------------------------------------
 
@@ -73,11 +77,11 @@ class Converter:
             for key, entry in parse_file(str(self.root / name)).entries.items():
                 people = entry.persons.get("author", [])
                 lasts = [" ".join(p.last_names).replace("{", "").replace("}", "") for p in people]
-                who = lasts[0] + (" et al." if len(lasts) > 2 else "")
-                if len(lasts) == 2:
-                    who = f"{lasts[0]} and {lasts[1]}"
                 year = entry.fields.get("year", "")
                 title = entry.fields.get("title", "").replace("{", "").replace("}", "")
+                who = (lasts or [title])[0] + (" et al." if len(lasts) > 2 else "")
+                if len(lasts) == 2:
+                    who = f"{lasts[0]} and {lasts[1]}"
                 link = entry.fields.get("url") or (
                     f"https://doi.org/{entry.fields['doi']}" if "doi" in entry.fields else ""
                 )
@@ -164,7 +168,10 @@ class Converter:
                 target = target[1:]
             else:
                 target = (Path(docname).parent / target).as_posix()
-            return title or self._doc_title(target)
+            shown = title or self._doc_title(target)
+            if target in self.pages:
+                return f"[{shown}]({self.pages[target]})"
+            return shown
         if name == "ref":
             title, label = _explicit(text)
             return title or self.env.domaindata["std"]["labels"][label][2]
@@ -289,7 +296,8 @@ class Converter:
             tags = set(cell.metadata.get("tags", []))
             if cell.cell_type == "markdown":
                 new = nbformat.v4.new_markdown_cell("")
-                new.source = "\n".join(self.convert_lines(docname, cell.source.split("\n"), new))
+                source = DOWNLOAD_SENTENCE.sub("", cell.source)  # the reader has the notebook
+                new.source = "\n".join(self.convert_lines(docname, source.split("\n"), new))
                 cells.append(new)
             elif cell.cell_type == "code":
                 source = cell.source.replace(GLUE_IMPORT, GLUE_STANDIN)
@@ -313,6 +321,14 @@ class Converter:
         }
         nbformat.validate(notebook)
         return notebook
+
+    def page(self, docname):
+        """A page that is not a notebook (the notation) as plain Markdown, references at its end."""
+        cited = []
+        source = Path(self.env.doc2path(docname)).read_text(encoding="utf-8")
+        lines = self.convert_lines(docname, source.split("\n"), {}, cited)
+        references = ["", "## References", ""] + [f"- {self.bib[k][2]}" for k in cited]
+        return "\n".join(lines + (references if cited else [])).strip() + "\n"
 
 
 def _requirements(root):
@@ -346,9 +362,11 @@ def write_all(app, root, outdir, archive_name, unpacked):
         for p in converter.executed.rglob("*.ipynb")
         if p.relative_to(converter.executed).as_posix().removesuffix(".ipynb") in app.env.found_docs
     )
+    converter.pages = {d: f"{Path(d).name}.ipynb" for d in chapters} | {NOTATION: "notation.md"}
     if unpacked.exists():
         shutil.rmtree(unpacked)
     unpacked.mkdir(parents=True)
+    (unpacked / "notation.md").write_text(converter.page(NOTATION), encoding="utf-8")
     for docname in chapters:
         text = nbformat.writes(converter.notebook(docname, archive_name)) + "\n"
         name = f"{Path(docname).name}.ipynb"
@@ -366,7 +384,7 @@ def write_all(app, root, outdir, archive_name, unpacked):
         "# Exact by Construction: the chapters as notebooks\n\n"
         f"With Python 3.11 or later, in this folder:\n\n    {INSTALL}\n    jupyter lab\n\n"
         "Each notebook shows the numbers and figures of the book's build; running it computes "
-        "them again from seeded generators (timings excepted).\n"
+        "them again from seeded generators (timings excepted). `notation.md` lists the symbols.\n"
     )
     with zipfile.ZipFile(outdir / archive_name, "w", zipfile.ZIP_DEFLATED) as archive:
         for path in sorted(p for p in unpacked.rglob("*") if p.is_file()):

@@ -2,6 +2,12 @@
 
 Usage: python scripts/pdf.py SINGLE_PAGE_HTML OUTPUT_PDF. Chromium runs in a network namespace
 of its own where possible (`unshare -n`), with its profile and settings in a temporary folder.
+
+The single-page build writes book/intro.html with links (`_static/...`, `_images/...`) relative
+to the build's root, so the page is first copied as print.html with a <base> at that root, where
+its styles, MathJax and figures resolve. The copy prints like the site reads: dropdowns open,
+code the site folds left out with its "Show code cell source" toggle, and no buttons, menus or
+sidebars.
 """
 
 import re
@@ -28,6 +34,45 @@ def offline_prefix():
         if works and works.returncode == 0:
             return [unshare, *flags]
     return []
+
+
+PRINT_CSS = """<style>
+@media print {
+  details.hide, .bd-header, .bd-header-article, .bd-sidebar-primary, .bd-sidebar-secondary,
+  .prev-next-area, .bd-footer, .bd-footer-article, .bd-footer-content, .header-article-items,
+  button, .toggle-button, .headerlink, .skip-link, #pst-back-to-top, .search-button,
+  .sd-summary-up, .sd-summary-down { display: none !important; }
+  details.sd-dropdown > summary { list-style: none; }
+  details.sd-dropdown > summary::-webkit-details-marker { display: none; }
+  .bd-main .bd-content .bd-article-container { max-width: 100%; }
+  mjx-container[display="true"], span.math, pre, .pst-scrollable-table-container,
+  div.cell_output div.output.text_html, div.proof, div.admonition, div.theorem, section.proof {
+    overflow: visible !important;
+  }
+  div.highlight pre, .cell_input pre, .cell_output pre { white-space: pre-wrap; }
+  figure, img, table, mjx-container[display="true"] { break-inside: avoid; }
+}
+</style>"""
+
+
+def link_root(page, html):
+    """The folder the page's links resolve from: its own, or the first above it where its
+    stylesheets exist (the single-page build links from its root, not from book/)."""
+    sheet = re.search(r'<link[^>]+href="([^"?#]+\.css)', html)
+    for folder in [page.parent, *page.parent.parents]:
+        if sheet is None or (folder / sheet.group(1)).exists():
+            return folder
+    return page.parent
+
+
+def print_copy(page, copy):
+    """Write the page to copy, ready to print: links resolve, dropdowns open, print styles."""
+    html = page.read_text(encoding="utf-8")
+    base = f'<base href="{link_root(page, html).resolve().as_uri()}/">'
+    html = re.sub(r"<details(?=[^>]*\bsd-dropdown\b)", "<details open", html)
+    html = html.replace("<head>", "<head>" + base, 1).replace("</head>", PRINT_CSS + "</head>", 1)
+    copy.write_text(html, encoding="utf-8")
+    return copy
 
 
 def print_pdf(page, output):
@@ -65,7 +110,7 @@ def print_pdf(page, output):
 
 def main():
     page, output = Path(sys.argv[1]), Path(sys.argv[2])
-    pages = print_pdf(page, output)
+    pages = print_pdf(print_copy(page, page.with_name("print.html")), output)
     if pages < 2:
         sys.exit(f"{output}: {pages} page(s); the print failed")
     print(f"The book as one PDF: {output} ({pages} pages)")

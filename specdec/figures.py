@@ -73,7 +73,7 @@ BOOK_STYLE = {  # sized to be read on a phone: a 6.4-inch figure shows at 342 px
     "axes.grid": True,
     "grid.alpha": 0.3,
     "legend.frameon": False,
-    "legend.fontsize": 11.5,
+    "legend.fontsize": 12.5,  # with the ticks, at least 9 CSS px on a phone (tests/test_site.py)
     "lines.linewidth": 2,
     "lines.markersize": 7,
     "svg.hashsalt": "exact-by-construction",
@@ -81,13 +81,36 @@ BOOK_STYLE = {  # sized to be read on a phone: a 6.4-inch figure shows at 342 px
 }
 
 
+SMALLEST_TEXT_KEY = "Smallest text (pt)"  # the PNG text chunk that records smallest_text
+
+
+def smallest_text(fig):
+    """The smallest font size, in points, of the text a figure draws."""
+    from matplotlib.text import Text
+
+    fig.draw_without_rendering()  # places the tick labels
+    texts = fig.findobj(Text)
+    return float(min(t.get_fontsize() for t in texts if t.get_visible() and t.get_text().strip()))
+
+
+def _retina_png(fig):
+    """The retina PNG IPython shows, with the figure's smallest text size in a text chunk."""
+    from IPython.core.pylabtools import retina_figure
+
+    return retina_figure(fig, metadata={SMALLEST_TEXT_KEY: f"{smallest_text(fig):.2f}"})
+
+
 def _use_retina_png():
-    """In a notebook, show figures as PNG at twice their display resolution (sharp on phones)."""
+    """In a notebook, show figures as PNG at twice their display resolution (sharp on phones),
+    each recording its smallest text size for the site's tests."""
     from IPython import get_ipython
+    from matplotlib.figure import Figure
     from matplotlib_inline.backend_inline import set_matplotlib_formats
 
-    if get_ipython() is not None:
+    shell = get_ipython()
+    if shell is not None:
         set_matplotlib_formats("retina")
+        shell.display_formatter.formatters["image/png"].for_type(Figure, _retina_png)
 
 
 def new_figure(ncols=1, nrows=1, figsize=None, **kwargs):
@@ -114,12 +137,13 @@ def _legend_on_top(ax, ncol=2):
 
 
 def plot_target_heatmap(label_above=0.15):
-    """Heatmap of the 19 × 18 target probabilities p(x | ctx); cells ≥ label_above carry values."""
+    """Heatmap of the 19 × 18 target probabilities p(x | ctx); cells ≥ label_above carry values
+    in percent (two digits fit a cell at a legible size)."""
     fig, ax = new_figure(figsize=(6.4, 6.4))
     image = ax.imshow(P_MATRIX, cmap="viridis")
     for (i, j), prob in np.ndenumerate(P_MATRIX):
         if prob >= label_above:
-            ax.text(j, i, f"{prob:.2f}"[1:], ha="center", va="center", fontsize=10)
+            ax.text(j, i, f"{100 * prob:.0f}", ha="center", va="center", fontsize=12.5)  # in %
     _token_axis(ax)
     _token_axis(ax, CONTEXTS, axis="y")
     ax.grid(False)
@@ -244,7 +268,7 @@ def plot_joint_difference(comparison, limit=4):
 
 def plot_controls(rows, noise_q95):
     """Total variation of each verifier's 200,000-draw sample on a log axis, against noise."""
-    fig, ax = new_figure()
+    fig, ax = new_figure(figsize=(5.6, 4.0))
     names = [r["verifier"] for r in rows]
     tvs = [r["sampled TV"] for r in rows]
     for name, tv, row in zip(names, tvs, rows):
@@ -266,7 +290,7 @@ def plot_controls(rows, noise_q95):
     ax.set(
         xlabel="total variation to the target joint (log scale)",
         ylabel="verifier",
-        title="The same test on the correct rule and four broken ones",
+        title="The same test on the correct rule\nand four broken ones",
     )
     handles, labels = ax.get_legend_handles_labels()
     unique = dict(zip(labels, handles))
@@ -440,7 +464,7 @@ def plot_speedup_heatmap(max_gamma=30, max_cost=0.3):
     levels = ax.contour(
         alphas, costs, best, levels=[1.25, 1.5, 2, 3, 5, 10], colors="black", linewidths=1
     )
-    for text in ax.clabel(levels, fmt="%g×", fontsize=11):
+    for text in ax.clabel(levels, fmt="%g×", fontsize=12.5):
         text.set_path_effects(halo)
     ax.plot([0, max_cost], [0, max_cost], "--", color="black", linewidth=1.5)
     ax.text(0.03, 0.8 * max_cost, "α ≤ c:\nno γ helps", fontsize=12)
@@ -489,7 +513,7 @@ def plot_operations_increase(gammas=(1, 2, 3, 5, 7, 10), c_hat=0.0):
 
 def plot_real_pairs():
     """Measured α of real draft/target pairs (Leviathan et al., Table 3) beside the toy's."""
-    fig, ax = new_figure(figsize=(6.4, 6.4))
+    fig, ax = new_figure(figsize=(3.8, 6.8))
     short = {"GPT-like 97M": "GPT 97M", "T5-XXL EnDe": "EnDe", "T5-XXL CNNDM": "CNNDM"}
     labels = [f"{short.get(target, target)} ← {draft}" for target, draft, _, _ in REAL_PAIR_ALPHAS]
     y = np.arange(len(labels))
@@ -511,10 +535,10 @@ def plot_real_pairs():
         markeredgewidth=2,
         label="temperature 1",
     )
-    ax.set_yticks(y, labels, fontsize=11)
+    ax.set_yticks(y, labels)
     ax.invert_yaxis()
     ax.set(xlim=(0, 1), xlabel="α", ylabel="target ← draft", title="Real pairs and this toy")
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=2)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.35, -0.1), ncol=1)
     return fig
 
 
@@ -571,7 +595,7 @@ def plot_bug_power(rows):
     y = np.arange(len(rows))
     chi = np.array([r["caught by"] == "chi-square" for r in rows])
     for ax, key, label, title in (
-        (top, "TV", "exact TV from p′ (three tokens)", "How far each bug moves the law"),
+        (top, "TV", "exact TV from p̃ (three tokens)", "How far each bug moves the law"),
         (
             bottom,
             "draws to catch",

@@ -47,6 +47,10 @@ def test_the_chapter_notebook_reads_without_the_site(chapter):
     nbformat.validate(notebook)
     assert not raw_syntax(notebook), raw_syntax(notebook)
     assert "pip install -r requirements.txt" in notebook.cells[0].source
+    text = "\n".join(c.source for c in notebook.cells if c.cell_type == "markdown")
+    assert "Download this chapter" not in text, "a download line without its link"
+    if "{doc}`notation`" in chapter.read_text():
+        assert "](notation.md)" in text, "the notation page is named but not linked"
     source = chapter.read_text()
     figures = source.count("{glue:figure}")
     markdown = [c for c in notebook.cells if c.cell_type == "markdown"]
@@ -69,12 +73,27 @@ def test_the_download_menu_offers_the_notebook(chapter):
     )
 
 
+# A code cell with a line of code (not an option line, not a comment) that calls widget_panel.
+WIDGET = re.compile(r"^```\{code-cell\}[^\n]*\n(?:(?!^```)[\s\S])*?^[^:#\n]*widget_panel\(", re.M)
+
+
+def test_no_chapter_shows_a_widget_when_executed():
+    """A widget displayed by an executed cell can stall a headless run (nbclient issue 312): the
+    sliders of chapter 5 appear only on an explicit call, named in the text."""
+    shown = [c.stem for c in CHAPTERS if WIDGET.search(c.read_text())]
+    assert not shown, shown
+    assert not WIDGET.search("Type `sc.widget_panel()` in a new cell.\n")
+    assert WIDGET.search("```{code-cell} ipython3\n:tags: [x]\ndisplay(sc.widget_panel())\n```\n")
+    assert not WIDGET.search("```{code-cell} ipython3\n:  caption: sc.widget_panel() gives\n```\n")
+
+
 def test_the_archive_holds_notebooks_core_and_requirements():
     names = {Path(n).name for n in zipfile.ZipFile(ARCHIVE).namelist()}
     assert {f"{c.stem}.ipynb" for c in CHAPTERS} | {
         "specdec_core.py",
         "requirements.txt",
         "README.md",
+        "notation.md",
     } <= names
     assert 'href="exact-by-construction-notebooks.zip"' in (SITE / "index.html").read_text() or (
         "exact-by-construction-notebooks.zip" in (SITE / "book" / "intro.html").read_text()
