@@ -22,6 +22,7 @@ from scipy import stats
 from .checks import _check_count
 from .engine import RowSampler
 from .pipelines import noncentrality_needed
+from .projections import Cells as Cells  # re-exported: the front door gathers audit's names
 from .projections import (
     Scenario,
     component_rows,
@@ -30,6 +31,7 @@ from .projections import (
     output_problem,
     run_scenario,
 )
+from .projections import projections as projections
 from .verify import (
     _accepted_count,
     _below,
