@@ -22,7 +22,9 @@ from scipy import stats
 from .checks import _check_count
 from .engine import RowSampler
 from .pipelines import noncentrality_needed
-from .projections import Cells as Cells  # re-exported: the front door gathers audit's names
+
+# Re-exported, so that the front door's `from specdec.audit import *` gathers them.
+from .projections import Cells as Cells
 from .projections import (
     Scenario,
     component_rows,
@@ -31,6 +33,9 @@ from .projections import (
     output_problem,
     run_scenario,
 )
+from .projections import bug_detection as bug_detection
+from .projections import direction_draws as direction_draws
+from .projections import power_rows as power_rows
 from .projections import projections as projections
 from .verify import (
     _accepted_count,
@@ -448,6 +453,24 @@ ENGINE_BUGS = {  # verifiers that pass the small suite's scenarios or show only 
     "rows past position 5 from a buffer of 6": lambda *a: loop_verify(*a, row=lambda i: min(i, 5)),
     "bonus from the last draft position": lambda *a: loop_verify(*a, bonus=lambda g: max(g - 1, 0)),
 }
+
+
+# ---- drafters for the end-to-end mode: one correct, one that reuses its noise ---------------
+
+
+def sample_drafter(draft_probs, rng):
+    """Drafts (B, γ) from draft rows (B, γ, V): one fresh uniform per token, inverse CDF."""
+    rows = np.asarray(draft_probs, float)
+    batch, gamma, vocab = rows.shape
+    return _draw(rows.reshape(-1, vocab), rng.random(batch * gamma)).reshape(batch, gamma)
+
+
+def reusing_drafter(draft_probs, rng):
+    """sample_drafter, then the generator put back as it was: the verifier reuses its uniforms."""
+    state = rng.bit_generator.state
+    drafts = sample_drafter(draft_probs, rng)
+    rng.bit_generator.state = state  # the bug: noise shared between drafter and verifier
+    return drafts
 
 
 # ---- the two public interface shapes, written in numpy for the book, and their adapters -----

@@ -139,25 +139,13 @@ def test_an_adapter_passes_a_bug_through(wide):
 # ---- end to end: the user's drafter ---------------------------------------------------------
 
 
-def drafter(draft_probs, rng):
-    """Drafts by inverse CDF of each row (B, γ, V) with fresh uniforms."""
-    cumulative = np.cumsum(draft_probs, axis=2)
-    u = rng.random(draft_probs.shape[:2])[..., None] * cumulative[..., -1:]
-    return np.minimum((cumulative <= u).sum(axis=2), draft_probs.shape[2] - 1)
-
-
-def reusing_drafter(draft_probs, rng):
-    """The same drafter, leaving the generator as it found it: the verifier reuses its noise."""
-    state = rng.bit_generator.state
-    tokens = drafter(draft_probs, rng)
-    rng.bit_generator.state = state
-    return tokens
+drafter = sc.sample_drafter
 
 
 def test_drafter_mode_sees_noise_shared_with_the_verifier(wide):
     small = sc.Scenario(wide.name, wide.target[:, :4], wide.draft[:, :3], steps=2000)
     assert sc.audit_verifier(sc.verify, scenarios=[small], drafter=drafter).passed
-    assert not sc.audit_verifier(sc.verify, scenarios=[small], drafter=reusing_drafter).passed
+    assert not sc.audit_verifier(sc.verify, scenarios=[small], drafter=sc.reusing_drafter).passed
     assert sc.audit_verifier(sc.verify, scenarios=[small]).passed  # the audit's own drafts
 
 
