@@ -300,6 +300,9 @@ COLUMNS = [
 ]
 
 
+SHOWN_FAILURES = 8  # the printout diagnoses at most this many failed statistics
+
+
 class AuditReport(NamedTuple):
     """audit_verifier's answer: passed only if every statistic passed; one table row each."""
 
@@ -309,12 +312,13 @@ class AuditReport(NamedTuple):
     def __repr__(self):
         """A readable summary: the verdict, then each failed statistic with its diagnosis."""
         failed = self.table[~self.table["passed"]]
+        scenarios = self.table["scenario"].nunique()
         lines = [
             f"{'PASSED' if self.passed else 'FAILED'}: {len(failed)} of {len(self.table)} "
-            f"statistics failed in {self.table['scenario'].nunique()} scenarios "
+            f"statistics failed, {scenarios} scenario{'s' * (scenarios != 1)} "
             f"(false-alarm level {AUDIT_LEVEL:g} over all of them)"
         ]
-        for _, row in failed.iterrows():
+        for _, row in failed.head(SHOWN_FAILURES).iterrows():
             lines.append(
                 f"- {row['scenario']}, request {row['request']}, {row['component']}: "
                 f"{row['finding']}"
@@ -326,6 +330,8 @@ class AuditReport(NamedTuple):
                 )
             if row["statistic"] == row["statistic"]:  # not NaN
                 lines.append(f"    chi-square {row['statistic']:.1f} > {row['critical']:.1f}")
+        if len(failed) > SHOWN_FAILURES:
+            lines.append(f"... and {len(failed) - SHOWN_FAILURES} more failed rows in .table")
         return "\n".join(lines)
 
     __str__ = __repr__

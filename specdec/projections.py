@@ -475,8 +475,18 @@ def _batches(scenario):
     ids = np.arange(size) % requests
     arrays = [np.take(rows, ids, axis=0) for rows in (scenario.target, scenario.draft)]
     for array in arrays:
-        array.setflags(write=False)  # a verifier that writes into its inputs is refused
+        array.setflags(write=False)  # a verifier that writes into them gets copies (_call)
     return *arrays, ids
+
+
+def _call(verify_fn, target, draft, drafts, rng):
+    """verify_fn on read-only rows; on writable copies if it writes into its inputs."""
+    try:
+        return verify_fn(target, draft, drafts.copy(), rng)
+    except ValueError as error:
+        if "read-only" not in str(error):
+            raise
+    return verify_fn(target.copy(), draft.copy(), drafts.copy(), rng)  # fresh rows each call
 
 
 def run_scenario(verify_fn, scenario, rng, drafter=None):
@@ -498,7 +508,7 @@ def run_scenario(verify_fn, scenario, rng, drafter=None):
             problem, drafts = _drafter_problem(drafter(draft[:b], rng), (b, gamma), vocab)
             if problem:
                 return problem
-        result = verify_fn(target[:b], draft[:b], drafts.copy(), rng)
+        result = _call(verify_fn, target[:b], draft[:b], drafts, rng)
         problem, kept, emitted = output_problem(result, drafts, vocab)
         if problem:
             return problem
