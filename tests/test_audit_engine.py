@@ -243,3 +243,33 @@ def test_python_dash_m_runs_the_audit(verifiers_file):
         timeout=120,
     )
     assert done.returncode == 1 and "FAILED" in done.stdout
+
+
+# ---- verify's long-row blocks read rows in place: seeded outputs unchanged -------------------
+
+
+@pytest.mark.parametrize(
+    "shape, digest",
+    [
+        ((40, 8, 30_000), "23b1175267758190"),
+        ((7, 5, 131_072), "86715bf568d2a39e"),
+        ((300, 2, 5_000), "946908e06b63f08b"),
+    ],
+)
+def test_verify_outputs_are_those_of_the_version_before_the_in_place_rows(shape, digest):
+    """Digests of verify's outputs at commit dbf932d (before blocks of one request read their
+    final rows in place); the negative control: another seed gives another digest."""
+    import hashlib
+
+    batch, gamma, vocab = shape
+    rng = np.random.default_rng(batch * gamma)
+    target = rng.dirichlet(np.full(vocab, 0.05), size=(batch, gamma + 1))
+    draft = rng.dirichlet(np.full(vocab, 0.05), size=(batch, gamma))
+    drafts = rng.integers(0, vocab, size=(batch, gamma))
+
+    def hexdigest(seed):
+        accepted, tokens = sc.verify(target, draft, drafts, np.random.default_rng(seed))
+        return hashlib.sha256(accepted.tobytes() + tokens.tobytes()).hexdigest()[:16]
+
+    assert hexdigest(5) == digest
+    assert hexdigest(6) != digest
