@@ -378,34 +378,34 @@ def engine_scenarios():
             "V = 128,256, Zipf rows over permuted ids, γ = 2",
             big,
             _drafter_of(rng, big[:, :2], 1.0),
-            steps=6_000,
+            steps=4_500,
         ),
         Scenario(
             "V = 2,048, γ = 8, rows differ by position",
             long,
             _drafter_of(rng, long[:, :8], 0.4),
-            steps=30_000,
+            steps=25_000,
         ),
         Scenario(
             "V = 32,000, 8 requests of different acceptance, γ = 5",
             mixed,
             _drafter_of(rng, mixed[:, :5], spreads),
-            steps=2_000,
+            steps=1_500,
         ),
         Scenario(
             "one-hot (greedy) target, V = 32,000, γ = 4",
             _one_hot_like(greedy),
             0.6 * _one_hot_like(greedy[:, :4]) + 0.4 * _drafter_of(rng, greedy[:, :4], 0.5),
-            steps=2_500,
+            steps=2_000,
         ),
         Scenario(
             "temperature 0.7, top-k 50, top-p 0.9, V = 32,000, γ = 3",
             processed,
             draft_processed,
-            steps=4_000,
+            steps=3_000,
         ),
-        Scenario("bfloat16 logits, float32 rows, V = 32,000, γ = 3", bf16, bf16_draft, steps=4_000),
-        Scenario("p = q, V = 8,192, γ = 6", equal, equal[:, :6].copy(), steps=4_000),
+        Scenario("bfloat16 logits, float32 rows, V = 32,000, γ = 3", bf16, bf16_draft, steps=3_000),
+        Scenario("p = q, V = 8,192, γ = 6", equal, equal[:, :6].copy(), steps=3_000),
     ]
 
 
