@@ -276,9 +276,11 @@ def _audit_row(verify_fn, index, level, rng):
     stat, df = _pearson_pooled(counts, law)
     critical = float(stats.chi2.isf(level, df)) if df > 0 else np.inf
     verdict = "law matches" if stat <= critical else "law differs from the exact one"
+    p_value = float(stats.chi2.sf(stat, df)) if df > 0 else 1.0
     return row | {
         "statistic": stat,
         "critical": critical,
+        "p-value": p_value,
         "passed": stat <= critical,
         "finding": verdict,
     }
@@ -291,6 +293,7 @@ COLUMNS = [
     "draws",
     "statistic",
     "critical",
+    "p-value",
     "sized for TV",
     "passed",
     "finding",
@@ -329,7 +332,10 @@ class AuditReport(NamedTuple):
                     f"{row['observed']:.4f}, exact {row['exact']:.4f}"
                 )
             if row["statistic"] == row["statistic"]:  # not NaN
-                lines.append(f"    chi-square {row['statistic']:.1f} > {row['critical']:.1f}")
+                lines.append(
+                    f"    chi-square {row['statistic']:.1f} (critical {row['critical']:.1f}), "
+                    f"p-value {row['p-value']:.2g}"
+                )
         if len(failed) > SHOWN_FAILURES:
             lines.append(f"... and {len(failed) - SHOWN_FAILURES} more failed rows in .table")
         return "\n".join(lines)
