@@ -19,7 +19,8 @@ name works as `sc.NAME`:
     stats        distances, chi-square, noise references and bands            1–4
     theory       α, Equation 1, the exact chain, Theorem 3.8, optimal γ       4–5
     pipelines    sampling settings, the bugs real engines shipped             6
-    audit        `audit_verifier` and its scenarios                           6
+    projections  engine-shaped scenarios, exact projections of the output     6
+    audit        `audit_verifier`, its suites, adapters, the command line     6
     multidraft   several candidates at one position                           7
     block        block verification, tokens per call of any per-token rule    7
     lossy        verifiers that trade exactness for acceptance                7
@@ -44,6 +45,7 @@ from specdec.exact import *
 from specdec.stats import *
 from specdec.theory import *
 from specdec.pipelines import *
+from specdec.projections import *
 from specdec.audit import *
 from specdec.multidraft import *
 from specdec.block import *
@@ -52,3 +54,11 @@ from specdec.article import *
 from specdec.experiments import *
 from specdec.pair import ACCEPTED, BONUS, PLAIN, RESIDUAL, Pair, Run, load_pair
 from specdec.figures import *
+
+
+if __name__ == "__main__":  # python -m specdec_core audit path/to/file.py:function
+    import sys
+
+    from specdec.audit import main
+
+    sys.exit(main(sys.argv[1:]))

@@ -88,7 +88,7 @@ CONTROLS = (
     ],
 )
 RNG = np.random.default_rng(0)
-VERIFY_SHAPES = [(200_000, 4, 18), (64, 5, 32_000)]  # (B, gamma, V): the toy's and an engine's
+VERIFY_SHAPES = [(200_000, 4, 18), (64, 5, 32_000), (64, 5, 128_256)]  # (B, gamma, V)
 
 
 def verify_batch(batch, gamma, vocab):

@@ -1,11 +1,18 @@
 """Chapter 6: `audit_verifier`, a test of any verifier with `verify`'s interface.
 
-Nine scenarios with exact laws; draws sized so that an exact verifier fails with probability
-at most AUDIT_LEVEL, and one off by AUDIT_TV in a scenario fails it with probability at least
-AUDIT_POWER, within the chi-square approximations.
+Two suites. "small": nine Markov scenarios whose completed joint law is enumerated; draws sized
+so that a law off by AUDIT_TV in a scenario fails it with probability at least AUDIT_POWER.
+"engine": the engine-shaped `Scenario`s of `projections`, tested by their exact projections.
+Either way an exact verifier fails the whole audit with probability at most AUDIT_LEVEL, within
+the chi-square approximations (Bonferroni over every statistic).
 """
 
+import argparse
 import functools
+import importlib.util
+import inspect
+import sys
+from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
@@ -15,8 +22,24 @@ from scipy import stats
 from .checks import _check_count
 from .engine import RowSampler
 from .pipelines import noncentrality_needed
+
+# Re-exported, so that the front door's `from specdec.audit import *` gathers them.
+from .projections import Cells as Cells
+from .projections import (
+    Scenario,
+    component_rows,
+    components,
+    engine_scenarios,
+    output_problem,
+    run_scenario,
+)
+from .projections import bug_detection as bug_detection
+from .projections import direction_draws as direction_draws
+from .projections import power_rows as power_rows
+from .projections import projections as projections
 from .verify import (
     _accepted_count,
+    _below,
     _cell_offsets,
     _checked_batch,
     _draw_final,
@@ -70,7 +93,7 @@ AUDIT_MIN_EXPECTED = 5  # cells expecting fewer draws are pooled into one
 AUDIT_SEED = 2026  # the scenarios' models are fixed; audit_verifier's seed drives the draws
 
 
-class Scenario(NamedTuple):
+class MarkovScenario(NamedTuple):
     """A small model: row [i, prev] is the law at position i after token prev (prev 0 at i = 0)."""
 
     name: str
@@ -105,29 +128,33 @@ def audit_scenarios():
     binary_p, binary_q = np.array([1 / 3, 2 / 3]), np.array([2 / 3, 1 / 3])
     p3 = _dirichlet(rng, (3, 5, 5))
     return [
-        Scenario(
+        MarkovScenario(
             "random rows, V = 4, γ = 3", _dirichlet(rng, (4, 4, 4)), _dirichlet(rng, (3, 4, 4))
         ),
-        Scenario(
+        MarkovScenario(
             "zeros in p and q, V = 6, γ = 2",
             _dirichlet(rng, (3, 6, 6), _sparse_support(rng, (3, 6, 6), 3)),
             _dirichlet(rng, (2, 6, 6), _sparse_support(rng, (2, 6, 6), 3)),
         ),
-        Scenario("p = q, V = 5, γ = 2", p3, p3[:2]),
-        Scenario("one-hot p, V = 8, γ = 2", _one_hot(rng, (3, 8, 8)), _dirichlet(rng, (2, 8, 8))),
-        Scenario("one-hot q, V = 4, γ = 3", _dirichlet(rng, (4, 4, 4)), _one_hot(rng, (3, 4, 4))),
-        Scenario(
+        MarkovScenario("p = q, V = 5, γ = 2", p3, p3[:2]),
+        MarkovScenario(
+            "one-hot p, V = 8, γ = 2", _one_hot(rng, (3, 8, 8)), _dirichlet(rng, (2, 8, 8))
+        ),
+        MarkovScenario(
+            "one-hot q, V = 4, γ = 3", _dirichlet(rng, (4, 4, 4)), _one_hot(rng, (3, 4, 4))
+        ),
+        MarkovScenario(
             "disjoint supports, V = 6, γ = 2",
             _dirichlet(rng, (3, 6, 6), np.arange(6) < 3),
             _dirichlet(rng, (2, 6, 6), np.arange(6) >= 3),
         ),
-        Scenario("γ = 5, V = 2", _dirichlet(rng, (6, 2, 2)), _dirichlet(rng, (5, 2, 2))),
-        Scenario(
+        MarkovScenario("γ = 5, V = 2", _dirichlet(rng, (6, 2, 2)), _dirichlet(rng, (5, 2, 2))),
+        MarkovScenario(
             "γ = 1, V = 50, 6 tokens per row",
             _dirichlet(rng, (2, 50, 50), _sparse_support(rng, (2, 50, 50), 6)),
             _dirichlet(rng, (1, 50, 50), _sparse_support(rng, (1, 50, 50), 6)),
         ),
-        Scenario(
+        MarkovScenario(
             "Sun et al.'s binary example, γ = 2",
             np.broadcast_to(binary_p, (3, 2, 2)),
             np.broadcast_to(binary_q, (2, 2, 2)),
@@ -179,34 +206,6 @@ def _scenario_batch(index, n, rng):
     return target_rows, draft_rows, path[:, 1:].copy()
 
 
-def _output_problem(result, drafts, vocab):
-    """What is wrong with a verify_fn result, or None; then (accepted, tokens) as int64."""
-    n, gamma = drafts.shape
-    if not isinstance(result, tuple) or len(result) != 2:
-        return "did not return a pair (accepted, tokens)", None, None
-    accepted, tokens = np.asarray(result[0]), np.asarray(result[1])
-    if accepted.shape != (n,) or tokens.shape != (n, gamma + 1):
-        return (
-            f"returned shapes {accepted.shape}, {tokens.shape}; need {(n,)}, {(n, gamma + 1)}",
-            None,
-            None,
-        )
-    if accepted.dtype.kind not in "iu" or tokens.dtype.kind not in "iu":
-        return f"returned dtypes {accepted.dtype}, {tokens.dtype}; need integers", None, None
-    accepted, tokens = accepted.astype(np.int64), tokens.astype(np.int64)
-    if accepted.min() < 0 or accepted.max() > gamma:
-        return f"accepted outside [0, {gamma}]", None, None
-    kept = np.arange(gamma) < accepted[:, None]
-    if np.any(tokens[:, :gamma][kept] != drafts[kept]):
-        return "tokens[:accepted] differ from the drafts", None, None
-    final = tokens[np.arange(n), accepted]
-    if final.min() < 0 or final.max() >= vocab:
-        return f"emitted an impossible token (outside [0, {vocab}))", None, None
-    if np.any(tokens[np.arange(gamma + 1) > accepted[:, None]] != -1):
-        return "tokens after the final one are not -1", None, None
-    return None, accepted, tokens
-
-
 def _completed_codes(index, accepted, tokens, rng):
     """Complete each step to gamma + 1 tokens with fresh target draws; base-V codes (n,)."""
     target_samplers = _samplers(index)[1]
@@ -231,66 +230,410 @@ def _pearson_pooled(counts, law):
     return stat, int(keep.sum()) - 1
 
 
+def _outcome_name(code, length, vocab):
+    """A base-V outcome code as its tokens: 'tokens (2, 0, 1)'."""
+    digits = [code // vocab ** (length - 1 - i) % vocab for i in range(length)]
+    return f"tokens {tuple(digits)}"
+
+
+SMALL_COMPONENT = "joint law, completed to γ + 1 tokens"
+
+
 def _audit_row(verify_fn, index, level, rng):
-    """One scenario: draw, verify, check the output, complete, test. A dict for the table."""
+    """One small scenario: draw, verify, check the output, complete, test. A dict for the table."""
     scenario = audit_scenarios()[index]
     law = scenario_law(scenario)
     n, pooled = audit_draws(law, level)
-    row = {"scenario": scenario.name, "draws": n, "statistic": np.nan, "critical": np.nan}
+    row = {
+        "scenario": scenario.name,
+        "request": 0,
+        "component": SMALL_COMPONENT,
+        "draws": n,
+        "statistic": np.nan,
+        "critical": np.nan,
+        "sized for TV": AUDIT_TV,
+    }
     target_rows, draft_rows, drafts = _scenario_batch(index, n, rng)
     try:
         result = verify_fn(target_rows, draft_rows, drafts.copy(), rng)
     except Exception as error:  # the audit reports any failure of the verifier, never crashes
         return row | {"passed": False, "finding": f"raised {type(error).__name__}: {error}"}
-    problem, accepted, tokens = _output_problem(result, drafts, target_rows.shape[2])
+    problem, accepted, tokens = output_problem(result, drafts, target_rows.shape[2])
     if problem:
         return row | {"passed": False, "finding": problem}
     counts = np.bincount(_completed_codes(index, accepted, tokens, rng), minlength=law.size)
+    gamma, vocab = scenario.draft.shape[:2]
+    share = counts / n
+    worst = int(np.argmax(np.abs(share - law)))
+    row |= {
+        "worst cell": _outcome_name(worst, gamma + 1, vocab),
+        "observed": float(share[worst]),
+        "exact": float(law[worst]),
+    }
     if counts[law == 0].sum():
-        return row | {
-            "passed": False,
-            "finding": f"{counts[law == 0].sum()} outcomes of probability 0",
-        }
+        forbidden = counts[law == 0].sum()
+        return row | {"passed": False, "finding": f"{forbidden} draws of probability 0"}
     stat, df = _pearson_pooled(counts, law)
     critical = float(stats.chi2.isf(level, df)) if df > 0 else np.inf
-    verdict = "law matches" if stat <= critical else "law differs from the target's"
+    verdict = "law matches" if stat <= critical else "law differs from the exact one"
+    p_value = float(stats.chi2.sf(stat, df)) if df > 0 else 1.0
     return row | {
         "statistic": stat,
         "critical": critical,
+        "p-value": p_value,
         "passed": stat <= critical,
         "finding": verdict,
     }
 
 
+COLUMNS = [
+    "scenario",
+    "request",
+    "component",
+    "draws",
+    "statistic",
+    "critical",
+    "p-value",
+    "sized for TV",
+    "passed",
+    "finding",
+    "worst cell",
+    "observed",
+    "exact",
+]
+
+
+SHOWN_FAILURES = 8  # the printout diagnoses at most this many failed statistics
+
+
 class AuditReport(NamedTuple):
-    """audit_verifier's answer: passed only if every scenario passed; one table row each."""
+    """audit_verifier's answer: passed only if every statistic passed; one table row each."""
 
     passed: bool
     table: pd.DataFrame
 
+    def __repr__(self):
+        """A readable summary: the verdict, then each failed statistic with its diagnosis."""
+        failed = self.table[~self.table["passed"]]
+        scenarios = self.table["scenario"].nunique()
+        lines = [
+            f"{'PASSED' if self.passed else 'FAILED'}: {len(failed)} of {len(self.table)} "
+            f"statistics failed, {scenarios} scenario{'s' * (scenarios != 1)} "
+            f"(false-alarm level {AUDIT_LEVEL:g} over all of them)"
+        ]
+        for _, row in failed.head(SHOWN_FAILURES).iterrows():
+            lines.append(
+                f"- {row['scenario']}, request {row['request']}, {row['component']}: "
+                f"{row['finding']}"
+            )
+            if isinstance(row["worst cell"], str) and row["worst cell"] != "none":
+                lines.append(
+                    f"    differs most at {row['worst cell']}: observed "
+                    f"{row['observed']:.4f}, exact {row['exact']:.4f}"
+                )
+            if row["statistic"] == row["statistic"]:  # not NaN
+                lines.append(
+                    f"    chi-square {row['statistic']:.1f} (critical {row['critical']:.1f}), "
+                    f"p-value {row['p-value']:.2g}"
+                )
+        if len(failed) > SHOWN_FAILURES:
+            lines.append(f"... and {len(failed) - SHOWN_FAILURES} more failed rows in .table")
+        return "\n".join(lines)
 
-def audit_verifier(verify_fn, seed=0):
-    """Run verify_fn on every audit scenario and test the law of what it emits (AuditReport).
+    __str__ = __repr__
 
-    Each scenario tests at AUDIT_LEVEL / #scenarios (Bonferroni), so an exact verifier fails the
-    audit with probability ≤ AUDIT_LEVEL; a law off by TV ≥ AUDIT_TV in a scenario fails it
-    with probability ≥ AUDIT_POWER (noncentral chi-square, the Cauchy–Schwarz bound).
-    """
-    if not callable(verify_fn):
-        raise TypeError(f"verify_fn must be callable, got {type(verify_fn).__name__}")
-    _check_count(seed, "seed")
-    rng = np.random.default_rng(seed)
-    scenarios = audit_scenarios()
-    level = AUDIT_LEVEL / len(scenarios)
+
+def _markov_rows(verify_fn, level, rng):
+    """The small suite's rows, one per scenario."""
     rows = []
-    for index, scenario in enumerate(scenarios):
+    for index, scenario in enumerate(audit_scenarios()):
         try:
             rows.append(_audit_row(verify_fn, index, level, rng))
         except Exception as error:  # e.g. a verifier that broke the generator it was handed
             rows.append(
-                {"scenario": scenario.name, "passed": False, "finding": f"audit stopped: {error!r}"}
+                {
+                    "scenario": scenario.name,
+                    "component": SMALL_COMPONENT,
+                    "passed": False,
+                    "finding": f"audit stopped: {error!r}",
+                }
             )
-    table = pd.DataFrame(
-        rows, columns=["scenario", "draws", "statistic", "critical", "passed", "finding"]
-    )
+    return rows
+
+
+def _scenario_rows(verify_fn, scenario, level, rng, drafter):
+    """One scenario's rows, one per statistic; one row naming the fault if the output is bad."""
+    try:
+        result = run_scenario(verify_fn, scenario, rng, drafter)
+    except Exception as error:  # the audit reports any failure of the verifier, never crashes
+        result = f"raised {type(error).__name__}: {error}"
+    if isinstance(result, str):
+        return [
+            {"scenario": scenario.name, "component": "output", "passed": False, "finding": result}
+        ]
+    return component_rows(scenario, *result, level)
+
+
+SUITES = ("small", "engine")
+
+
+def _chosen(suite, scenarios, drafter):
+    """The scenarios to run (None: the small suite), after checking the arguments."""
+    if scenarios is not None:
+        scenarios = list(scenarios)
+        if not scenarios or not all(isinstance(s, Scenario) for s in scenarios):
+            raise TypeError("scenarios must be a non-empty list of Scenario")
+        return scenarios
+    if suite not in SUITES:
+        raise ValueError(f"suite must be one of {SUITES}, got {suite!r}")
+    if suite == "small":
+        if drafter is not None:
+            raise ValueError("drafter needs fixed-row scenarios: suite='engine' or scenarios=")
+        return None
+    return engine_scenarios()
+
+
+def audit_verifier(verify_fn, suite="small", scenarios=None, seed=0, drafter=None):
+    """Run verify_fn on a suite's scenarios and test the law of what it emits (AuditReport).
+
+    Every statistic tests at AUDIT_LEVEL / (number of statistics) (Bonferroni), so an exact
+    verifier fails the audit with probability ≤ AUDIT_LEVEL. Small suite: a completed law off by
+    TV ≥ AUDIT_TV in a scenario fails w.p. ≥ AUDIT_POWER (noncentral chi-square, Cauchy–Schwarz).
+    Engine suite: each row states the TV over its cells that it catches w.p. ≥ 0.99.
+    With drafter(draft_probs, rng) -> tokens (B, γ), the drafts come from it (end to end).
+    """
+    if not callable(verify_fn):
+        raise TypeError(f"verify_fn must be callable, got {type(verify_fn).__name__}")
+    if drafter is not None and not callable(drafter):
+        raise TypeError(f"drafter must be callable, got {type(drafter).__name__}")
+    _check_count(seed, "seed")
+    chosen = _chosen(suite, scenarios, drafter)
+    rng = np.random.default_rng(seed)
+    if chosen is None:
+        rows = _markov_rows(verify_fn, AUDIT_LEVEL / len(audit_scenarios()), rng)
+    else:
+        level = AUDIT_LEVEL / sum(len(components(s)) for s in chosen)
+        rows = [row for s in chosen for row in _scenario_rows(verify_fn, s, level, rng, drafter)]
+    table = pd.DataFrame(rows, columns=COLUMNS)
+    table["request"] = table["request"].fillna(0).astype(int)
     return AuditReport(bool(table["passed"].all()), table)
+
+
+# ---- verifiers written position by position, and engine bugs planted in them ------------------
+
+
+def _draw(weights, u):
+    """One inverse-CDF draw from each row of weights (b, V) with a positive sum, (b,)."""
+    cumulative = np.cumsum(weights, axis=1)
+    return np.count_nonzero(cumulative <= _below(u, cumulative[:, -1])[:, None], axis=1)
+
+
+def loop_verify(target_probs, draft_probs, draft_tokens, rng, row=None, bonus=None, kept=None):
+    """A correct verifier written position by position; row(i), bonus(γ) and kept(weights, i)
+    choose the rows read and the residual's tokens, so engine bugs can be planted in it."""
+    p, q = np.asarray(target_probs, float), np.asarray(draft_probs, float)  # (B, γ+1, V), (B, γ, V)
+    batch, gamma = draft_tokens.shape
+    at = np.arange(batch)
+    tokens = np.full((batch, gamma + 1), -1)
+    accepted = np.full(batch, gamma)
+    for i in range(gamma):
+        j = i if row is None else row(i)
+        x, alive = draft_tokens[:, i], accepted == gamma
+        keep = rng.random(batch) * q[at, j, x] < p[at, j, x]  # r < p(x)/q(x)
+        tokens[alive & keep, i] = x[alive & keep]
+        stop = alive & ~keep
+        residual = np.maximum(p[stop, j] - q[stop, j], 0)  # (b, V)
+        residual = residual if kept is None else kept(residual, i)
+        residual[residual.sum(axis=1) <= 0] = p[stop, j][residual.sum(axis=1) <= 0]  # no mass: p
+        tokens[stop, i] = _draw(residual, rng.random(int(stop.sum())))
+        accepted[stop] = i
+    last = accepted == gamma
+    bonus_row = gamma if bonus is None else bonus(gamma)
+    tokens[last, gamma] = _draw(p[last, bonus_row], rng.random(int(last.sum())))
+    return accepted, tokens
+
+
+def _below_1024(weights, i):
+    """The residual's weights with every id from 1,024 on dropped (a kernel's short loop)."""
+    weights = weights.copy()
+    weights[:, 1024:] = 0
+    return np.where(weights.sum(axis=1, keepdims=True) > 0, weights, 1.0)
+
+
+ENGINE_BUGS = {  # verifiers that pass the small suite's scenarios or show only at engine scale
+    "residual ignores ids ≥ 1,024": lambda *a: loop_verify(*a, kept=_below_1024),
+    "rows past position 5 from a buffer of 6": lambda *a: loop_verify(*a, row=lambda i: min(i, 5)),
+    "bonus from the last draft position": lambda *a: loop_verify(*a, bonus=lambda g: max(g - 1, 0)),
+}
+
+
+# ---- drafters for the end-to-end mode: one correct, one that reuses its noise ---------------
+
+
+def sample_drafter(draft_probs, rng):
+    """Drafts (B, γ) from draft rows (B, γ, V): one fresh uniform per token, inverse CDF."""
+    rows = np.asarray(draft_probs, float)
+    batch, gamma, vocab = rows.shape
+    return _draw(rows.reshape(-1, vocab), rng.random(batch * gamma)).reshape(batch, gamma)
+
+
+def reusing_drafter(draft_probs, rng):
+    """sample_drafter, then the generator put back as it was: the verifier reuses its uniforms."""
+    state = rng.bit_generator.state
+    drafts = sample_drafter(draft_probs, rng)
+    rng.bit_generator.state = state  # the bug: noise shared between drafter and verifier
+    return drafts
+
+
+# ---- the two public interface shapes, written in numpy for the book, and their adapters -----
+
+
+def _softmax(logits):
+    """softmax over the last axis, (..., V); −inf logits get probability 0."""
+    z = np.exp(logits - logits.max(axis=-1, keepdims=True))
+    return z / z.sum(axis=-1, keepdims=True)
+
+
+def hf_speculative_sampling(
+    candidate_input_ids, candidate_logits, candidate_length, new_logits, is_done_candidate, rng
+):
+    """Hugging Face's `_speculative_sampling` interface in numpy (batch 1):
+    (valid_tokens (1, n + 1), n_matches). Written for the book from its public signature."""
+    drafts = candidate_input_ids[0, -candidate_length:]  # (γ,)
+    q, p = _softmax(candidate_logits[0]), _softmax(new_logits[0])  # (γ, V), (γ+1, V)
+    at = np.arange(candidate_length)
+    accepted = rng.random(candidate_length) <= p[at, drafts] / q[at, drafts]
+    n = int(np.cumprod(accepted).sum())  # leading acceptances
+    if is_done_candidate and n == candidate_length:  # ended on EOS: no token after it
+        return drafts[None, :n], n - 1
+    weights = p[n] if n == candidate_length else np.maximum(p[n] - q[n], 0)
+    final = _draw(weights[None], rng.random(1))
+    return np.concatenate([drafts[:n], final])[None], n
+
+
+def _log(probs):
+    """log(probs) with −inf at zeros: logits whose softmax is the row."""
+    with np.errstate(divide="ignore"):
+        return np.log(np.asarray(probs, float))
+
+
+def hf_adapter(fn):
+    """A verify_fn from an `_speculative_sampling`-shaped fn, one request at a time.
+
+    fn receives logits log(p), log(q), a one-token prompt before the drafts, and rng when its
+    signature has a parameter of that name; it must draw the final token itself.
+    """
+    takes_rng = "rng" in inspect.signature(fn).parameters
+
+    def verify_fn(target_probs, draft_probs, draft_tokens, rng):
+        """Each request through fn; (accepted (B,), tokens (B, γ+1)) padded with −1."""
+        batch, gamma = draft_tokens.shape
+        tokens, accepted = np.full((batch, gamma + 1), -1), np.empty(batch, dtype=np.int64)
+        for b in range(batch):
+            ids = np.concatenate([[0], draft_tokens[b]])[None]  # (1, 1 + γ): prompt, drafts
+            args = (ids, _log(draft_probs[b])[None], gamma, _log(target_probs[b])[None], False)
+            valid, n = fn(*args, rng=rng) if takes_rng else fn(*args)
+            valid = np.asarray(valid).reshape(-1)
+            accepted[b], tokens[b, : len(valid)] = int(n), valid
+        return accepted, tokens
+
+    return verify_fn
+
+
+def vllm_rejection_sample(
+    draft_token_ids,
+    num_draft_tokens,
+    max_spec_len,
+    cu_num_draft_tokens,
+    draft_probs,
+    target_probs,
+    bonus_token_ids,
+    rng,
+):
+    """vLLM's `rejection_sample` interface in numpy: output_token_ids (B, max_spec_len + 1),
+    −1 after each request's last token. Written for the book from its public signature."""
+    batch, vocab = len(num_draft_tokens), target_probs.shape[1]
+    out = np.full((batch, max_spec_len + 1), -1, dtype=np.int32)
+    race = rng.exponential(size=(batch, vocab))  # one exponential race per request
+    for b in range(batch):
+        start = int(cu_num_draft_tokens[b]) - num_draft_tokens[b]
+        for i in range(num_draft_tokens[b]):
+            x, p, q = draft_token_ids[start + i], target_probs[start + i], draft_probs[start + i]
+            if q[x] > 0 and p[x] / q[x] >= rng.random():
+                out[b, i] = x
+                continue
+            out[b, i] = np.argmax(np.maximum(p - q, 0) / race[b])  # residual, unnormalised
+            break
+        else:
+            out[b, num_draft_tokens[b]] = bonus_token_ids[b, 0]
+    return out
+
+
+def vllm_adapter(fn):
+    """A verify_fn from a `rejection_sample`-shaped fn: flattened drafts, per-request counts,
+    and bonus tokens the adapter draws from p at γ (so the bonus draw itself is not audited)."""
+    takes_rng = "rng" in inspect.signature(fn).parameters
+
+    def verify_fn(target_probs, draft_probs, draft_tokens, rng):
+        """One call of fn on the flattened batch; (accepted (B,), tokens (B, γ+1))."""
+        target_probs, draft_probs = np.asarray(target_probs), np.asarray(draft_probs)
+        batch, gamma = draft_tokens.shape
+        vocab = target_probs.shape[2]
+        counts = [gamma] * batch
+        bonus = _draw(target_probs[:, gamma].astype(float), rng.random(batch))[:, None]  # (B, 1)
+        args = (
+            draft_tokens.reshape(-1),
+            counts,
+            gamma,
+            np.cumsum(counts),
+            draft_probs.reshape(-1, vocab),
+            target_probs[:, :gamma].reshape(-1, vocab),
+            bonus,
+        )
+        out = np.asarray(fn(*args, rng=rng) if takes_rng else fn(*args), dtype=np.int64)
+        return (out != -1).sum(axis=1) - 1, out
+
+    return verify_fn
+
+
+# ---- the command line: python -m specdec_core audit path/to/file.py:function ----------------
+
+
+def _load(target):
+    """The function named by 'path/to/file.py:function'; ValueError saying what is wrong."""
+    path, _, name = target.rpartition(":")
+    if not path or not name or not path.endswith(".py"):
+        raise ValueError(f"need path/to/file.py:function, got {target!r}")
+    if not Path(path).is_file():
+        raise ValueError(f"no such file: {path}")
+    spec = importlib.util.spec_from_file_location(Path(path).stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    fn = getattr(module, name, None)
+    if not callable(fn):
+        raise ValueError(f"{path} has no function {name!r}")
+    return fn
+
+
+def main(argv=None):
+    """Audit a verifier from the command line: exit 0 if it passes, 1 if it fails, 2 on misuse."""
+    parser = argparse.ArgumentParser(prog="python -m specdec_core")
+    commands = parser.add_subparsers(dest="command", required=True)
+    audit = commands.add_parser("audit", help="audit a verifier with verify()'s interface")
+    audit.add_argument("target", help="path/to/file.py:function")
+    audit.add_argument("--suite", choices=SUITES, default="small")
+    audit.add_argument("--seed", type=int, default=0)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exit_:  # argparse has printed the usage and the error
+        return int(exit_.code or 0)
+    try:
+        if args.seed < 0:
+            raise ValueError(f"--seed must be >= 0, got {args.seed}")
+        fn = _load(args.target)
+    except Exception as error:  # a usage error, whatever the user's file raised on import
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    report = audit_verifier(fn, suite=args.suite, seed=args.seed)
+    print(report)
+    return 0 if report.passed else 1

@@ -223,6 +223,8 @@ def verify(target_probs, draft_probs, draft_tokens, rng):
 def _rows_at(probs, positions):
     """probs[b, positions[b]] for every b, (B, V): one flat take when probs is contiguous."""
     batch, length, vocab = probs.shape
+    if batch == 1:  # a block of one long request: a view of its row, not a copy
+        return probs[0, positions[0]][None]
     rows = np.arange(batch)
     if not probs.flags.c_contiguous:  # e.g. a broadcast view: index it in place, no copy
         return probs[rows, positions]
