@@ -11,6 +11,7 @@ name works as `sc.NAME`:
 
     module       idea                                                         chapters
     checks       argument checks and size limits                              all
+    style        the book's figure style, `new_figure`                        all
     models       corpus, toy target p, draft q_w, literal sampler             1
     rule         the literal Algorithm 1; `Rule`, the broken rules             2–3
     verify       the vectorised `verify` and its blocks                       3
@@ -27,7 +28,7 @@ name works as `sc.NAME`:
     article      what the article and the papers report                       all
     experiments  the seeded checks of chapters 1–4                            1–4
     transformer  a numpy transformer with a KV cache, the stopwatch           8
-    pair         the trained character-level pair: loading, generation        9
+    pair         the trained pair: loading, generation, checks, race, plots   9
     figures      the book's style, every plot, `FIGURES`                      all
 
 Each algorithm appears twice: a literal version that reads like the paper (dictionaries, one
@@ -37,6 +38,7 @@ the two agree. Exact results use `fractions.Fraction`, computed from the integer
 
 # The modules in the book's order, as in the map above.
 from specdec.checks import *
+from specdec.style import *
 from specdec.models import *
 from specdec.rule import *
 from specdec.verify import *

@@ -22,9 +22,6 @@ from scipy import stats
 from .checks import _check_count
 from .engine import RowSampler
 from .pipelines import noncentrality_needed
-
-# Re-exported, so that the front door's `from specdec.audit import *` gathers them.
-from .projections import Cells as Cells
 from .projections import (
     Scenario,
     component_rows,
@@ -33,10 +30,6 @@ from .projections import (
     output_problem,
     run_scenario,
 )
-from .projections import bug_detection as bug_detection
-from .projections import direction_draws as direction_draws
-from .projections import power_rows as power_rows
-from .projections import projections as projections
 from .verify import (
     _accepted_count,
     _below,

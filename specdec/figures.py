@@ -4,8 +4,6 @@ Sized to be read on a phone; colours from the Okabe–Ito palette, safe for colo
 measured points as markers over the exact curve as a line.
 """
 
-import html
-
 import numpy as np
 
 from .article import REAL_PAIR_ALPHAS
@@ -39,10 +37,11 @@ from .models import (
     show_token,
 )
 from .multidraft import MD_CTX, MD_KS, MD_W, MULTI_DRAFT_RULES, multi_draft_rows, pair_optima
-from .pair import ACCEPTED, BETA_SHOWN, BONUS, PLAIN, RESIDUAL, heldout_betas, load_pair
+from .pair import BETA_SHOWN, heldout_betas, load_pair, plot_beta_histograms
 from .pipelines import DETECT_LEVEL, DETECT_POWER, bug_rows
 from .rule import _residual_weights, trace_run
 from .stats import noise_reference
+from .style import OKABE_ITO, _legend_on_top, _series, new_figure
 from .theory import (
     alpha_exact,
     alpha_of,
@@ -57,83 +56,11 @@ from .theory import (
     walltime_speedup,
 )
 
-OKABE_ITO = ["#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#F0E442", "#000000"]
-BOOK_STYLE = {  # sized to be read on a phone: a 6.4-inch figure shows at 342 px wide there
-    "figure.figsize": (6.4, 4.0),
-    "figure.dpi": 100,  # displayed at 100 px per inch, stored at 200 (retina PNG, below)
-    "savefig.dpi": 200,
-    "savefig.bbox": "tight",
-    "font.size": 14,
-    "axes.titlesize": 14.5,
-    "axes.labelsize": 14,
-    "xtick.labelsize": 13,
-    "ytick.labelsize": 13,
-    "axes.spines.top": False,
-    "axes.spines.right": False,
-    "axes.grid": True,
-    "grid.alpha": 0.3,
-    "legend.frameon": False,
-    "legend.fontsize": 12.5,  # with the ticks, at least 9 CSS px on a phone (tests/test_site.py)
-    "lines.linewidth": 2,
-    "lines.markersize": 7,
-    "svg.hashsalt": "exact-by-construction",
-    "axes.prop_cycle": __import__("cycler").cycler(color=OKABE_ITO),
-}
-
-
-SMALLEST_TEXT_KEY = "Smallest text (pt)"  # the PNG text chunk that records smallest_text
-
-
-def smallest_text(fig):
-    """The smallest font size, in points, of the text a figure draws."""
-    from matplotlib.text import Text
-
-    fig.draw_without_rendering()  # places the tick labels
-    texts = fig.findobj(Text)
-    return float(min(t.get_fontsize() for t in texts if t.get_visible() and t.get_text().strip()))
-
-
-def _retina_png(fig):
-    """The retina PNG IPython shows, with the figure's smallest text size in a text chunk."""
-    from IPython.core.pylabtools import retina_figure
-
-    return retina_figure(fig, metadata={SMALLEST_TEXT_KEY: f"{smallest_text(fig):.2f}"})
-
-
-def _use_retina_png():
-    """In a notebook, show figures as PNG at twice their display resolution (sharp on phones),
-    each recording its smallest text size for the site's tests."""
-    from IPython import get_ipython
-    from matplotlib.figure import Figure
-    from matplotlib_inline.backend_inline import set_matplotlib_formats
-
-    shell = get_ipython()
-    if shell is not None:
-        set_matplotlib_formats("retina")
-        shell.display_formatter.formatters["image/png"].for_type(Figure, _retina_png)
-
-
-def new_figure(ncols=1, nrows=1, figsize=None, **kwargs):
-    """A figure in the book's style, kept out of pyplot: it shows only where it is displayed."""
-    import matplotlib as mpl
-    from matplotlib.figure import Figure
-
-    mpl.rcParams.update(BOOK_STYLE)
-    _use_retina_png()
-    fig = Figure(figsize=figsize)  # not registered with pyplot, so a folded cell shows no copy
-    return fig, fig.subplots(nrows, ncols, **kwargs)
-
 
 def _token_axis(ax, labels=VOCAB, axis="x"):
     """Label an axis with the tokens, space shown as '␣'."""
     ticks, names = range(len(labels)), [show_token(t) for t in labels]
     (ax.set_xticks if axis == "x" else ax.set_yticks)(ticks, names)
-
-
-def _legend_on_top(ax, ncol=2):
-    """A legend in head room added above the data."""
-    ax.set_ylim(top=ax.get_ylim()[1] * 1.3)
-    ax.legend(ncol=ncol, loc="upper right")
 
 
 def plot_target_heatmap(label_above=0.15):
@@ -296,19 +223,6 @@ def plot_controls(rows, noise_q95):
     unique = dict(zip(labels, handles))
     ax.legend(unique.values(), unique.keys(), loc="upper center", bbox_to_anchor=(0.4, -0.2))
     return fig
-
-
-DASHES = ["-", "--", "-.", ":", (0, (6, 2, 1, 2, 1, 2)), (0, (3, 1))]
-MARKERS = ["o", "s", "^", "D", "v", "P", "X"]
-
-
-def _series(i, n_points=None):
-    """Style of the i-th line: colour, dash and marker, so lines differ without colour."""
-    style = {"color": OKABE_ITO[i % 7], "linestyle": DASHES[i % 6], "marker": MARKERS[i % 7]}
-    if n_points:  # a marker every sixth of the line, staggered so markers do not pile up
-        step = max(1, n_points // 6)
-        style["markevery"] = ((i * step) // 7 % step, step)
-    return style
 
 
 def sweep_standard_errors(run, w, gamma):
@@ -708,98 +622,6 @@ def plot_lossy_frontier(rows, exact_points):
     )
     fig.legend(loc="lower center", ncol=2, bbox_to_anchor=(0.5, -0.22))
     return fig
-
-
-# ---- Chapter 9 ---------------------------------------------------------------------------------
-
-
-def plot_beta_histograms(betas):
-    """Histograms of β = Σ min(p, q) over held-out contexts, one panel per draft {name: (n,)}."""
-    fig, axes = new_figure(nrows=len(betas), figsize=(6.4, 1.9 * len(betas) + 1), sharex=True)
-    bins = np.linspace(0, 1, 41)
-    for i, (ax, (name, beta)) in enumerate(zip(np.atleast_1d(axes), betas.items())):
-        ax.hist(
-            beta, bins=bins, color=OKABE_ITO[i % 7], weights=np.full(len(beta), 100 / len(beta))
-        )
-        ax.axvline(beta.mean(), color="black", linestyle="--", linewidth=1.2)
-        ax.set_title(f"{name}: α = {beta.mean():.2f}", loc="left")
-        ax.set_ylabel("% of contexts")
-    ax.set_xlabel("β at a held-out context (dashed: its mean, α)")
-    return fig
-
-
-def plot_draft_choice(points, best):
-    """Each draft at (α, c), with Corollary 3.9's boundary α = c; the best γ measured beside it.
-
-    points: {name: (α, c)}; best: {name: (γ, speedup)}."""
-    fig, ax = new_figure(figsize=(6.4, 5.2))
-    top = max(max(c for _, c in points.values()) * 1.3, 0.1)
-    grid = np.linspace(0, 1, 50)
-    ax.fill_between(grid, grid, top, color="grey", alpha=0.15, label="α < c: no γ ≥ 1 pays")
-    ax.plot(grid, grid, color="black", linewidth=1)
-    for i, (name, (alpha, c)) in enumerate(points.items()):
-        gamma, speedup = best[name]
-        ax.plot(alpha, c, MARKERS[i % 7], color=OKABE_ITO[i % 7], markersize=10, label=name)
-        ax.annotate(
-            f"γ={gamma}: {speedup:.2f}×", (alpha, c), xytext=(6, 6), textcoords="offset points"
-        )
-    ax.set(
-        xlim=(0, 1), ylim=(0, top), xlabel="α (held-out contexts)", ylabel="c = draft call / T(1)"
-    )
-    ax.legend(loc="upper left", ncol=2)
-    return fig
-
-
-def plot_pair_race(measured, predicted, theorem):
-    """Speedup against γ per draft: measured (markers, with the spread of repeats as bars), the
-    measured-cost form with overhead (line), Theorem 3.8 (dotted). Each: {name: {γ: value}}."""
-    fig, ax = new_figure(figsize=(6.4, 5.4))
-    for i, name in enumerate(measured):
-        gammas = sorted(measured[name])
-        style = _series(i)
-        low, mid, high = (np.array([measured[name][g][k] for g in gammas]) for k in range(3))
-        ax.errorbar(
-            gammas,
-            mid,
-            yerr=[mid - low, high - mid],
-            fmt=style["marker"],
-            capsize=3,
-            color=style["color"],
-            label=f"{name}",
-        )
-        ax.plot(gammas, [predicted[name][g] for g in gammas], color=style["color"])
-        ax.plot(gammas, [theorem[name][g] for g in gammas], color=style["color"], linestyle=":")
-    ax.axhline(1, color="black", linewidth=0.8)
-    ax.set(xlabel="γ (drafts per target call)", ylabel="speedup over plain decoding")
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=3)
-    return fig
-
-
-PASSAGE_STYLE = {  # colour and a cue that is not colour: the underline's style
-    ACCEPTED: ("kept draft", "#0072B2", "solid"),
-    RESIDUAL: ("drawn from the residual", "#D55E00", "wavy"),
-    BONUS: ("bonus, drawn from p", "#009E73", "double"),
-    PLAIN: ("drawn from p", "#000000", "none"),
-}
-
-
-def passage_html(text, kinds):
-    """HTML of a generated passage, each character styled by where it came from, and a key."""
-
-    def span(ch, kind):
-        label, colour, line = PASSAGE_STYLE[int(kind)]
-        ch = html.escape(ch).replace("\n", "⏎\n")
-        style = f"color:{colour};text-decoration:underline {line} {colour}"
-        return f'<span style="{style}" title="{label}">{ch}</span>'
-
-    body = "".join(span(ch, kind) for ch, kind in zip(text, kinds))
-    key = " · ".join(
-        span(label, kind)
-        for kind, (label, _, _) in PASSAGE_STYLE.items()
-        if kind in set(kinds.tolist())
-    )
-    box = "font-family:monospace;white-space:pre-wrap;line-height:1.9;overflow-wrap:anywhere"
-    return f'<div style="{box}">{body}</div><p>{key}</p>'
 
 
 # Every figure of the book, by name: `make figures` writes each one to figures/.

@@ -12,6 +12,7 @@ prompt, tokens and draft positions need more is refused, so every law here is th
 """
 
 import hashlib
+import html
 import json
 import time
 from pathlib import Path
@@ -22,6 +23,7 @@ from threadpoolctl import threadpool_limits
 
 from .checks import _check_count, _check_rng
 from .rule import EXACT_RULE
+from .style import MARKERS, OKABE_ITO, _series, new_figure
 from .theory import expected_tokens
 from .transformer import BLAS_THREADS, Config, Layer, TinyTransformer, _call_costs, softmax_law
 from .verify import _sample_rows, _verify, verify
@@ -456,7 +458,7 @@ def window_laws(model, windows, temperature=1.0, chunk=16):
 
 
 N_WINDOWS = 40  # held-out windows of 128 characters that chapter 9 measures α and β on
-BETA_SHOWN = ("bigram", "draft1-500", "draft1-2000", "draft2-2000")  # chapter 9's histograms
+BETA_SHOWN = ("bigram", "draft1-500", "draft1-2000", "draft2-1000")  # chapter 9's histograms
 
 
 def heldout_betas(pair, names, n_windows=N_WINDOWS):
@@ -552,3 +554,96 @@ def call_costs(pair, drafts, max_positions, context, repeats):
                 times[name].append(d)
     medians = {name: float(np.median(t)) for name, t in times.items()}
     return np.median(np.array(target), axis=0), medians
+
+
+# ---- Figures and the marked passage -----------------------------------------------------------
+
+
+def plot_beta_histograms(betas):
+    """Histograms of β = Σ min(p, q) over held-out contexts, one panel per draft {name: (n,)}."""
+    fig, axes = new_figure(nrows=len(betas), figsize=(6.4, 1.9 * len(betas) + 1), sharex=True)
+    bins = np.linspace(0, 1, 41)
+    for i, (ax, (name, beta)) in enumerate(zip(np.atleast_1d(axes), betas.items())):
+        ax.hist(
+            beta, bins=bins, color=OKABE_ITO[i % 7], weights=np.full(len(beta), 100 / len(beta))
+        )
+        ax.axvline(beta.mean(), color="black", linestyle="--", linewidth=1.2)
+        ax.set(title=f"{name}: α = {beta.mean():.2f}", xlabel="β", ylabel="% of contexts")
+    ax.set_xlabel("β at a held-out context (dashed: its mean, α)")
+    return fig
+
+
+def plot_draft_choice(points, best):
+    """Each draft at (α, c), with Corollary 3.9's boundary α = c; the best γ measured beside it.
+
+    points: {name: (α, c)}; best: {name: (γ, speedup)}."""
+    fig, ax = new_figure(figsize=(6.4, 5.2))
+    top = max(max(c for _, c in points.values()) * 1.3, 0.1)
+    grid = np.linspace(0, 1, 50)
+    ax.fill_between(grid, grid, top, color="grey", alpha=0.15, label="α < c: no γ ≥ 1 pays")
+    ax.plot(grid, grid, color="black", linewidth=1)
+    for i, (name, (alpha, c)) in enumerate(points.items()):
+        gamma, speedup = best[name]
+        ax.plot(alpha, c, MARKERS[i % 7], color=OKABE_ITO[i % 7], markersize=10, label=name)
+        ax.annotate(
+            f"γ={gamma}: {speedup:.2f}×", (alpha, c), xytext=(6, 6), textcoords="offset points"
+        )
+    ax.set(
+        xlim=(0, 1), ylim=(0, top), xlabel="α (held-out contexts)", ylabel="c = draft call / T(1)"
+    )
+    ax.set_title("Which draft: α against c, best γ measured")
+    ax.legend(loc="upper left", ncol=2)
+    return fig
+
+
+def plot_pair_race(measured, predicted, theorem):
+    """Speedup against γ per draft: measured (markers, with the spread of repeats as bars), the
+    measured-cost form with overhead (line), Theorem 3.8 (dotted). Each: {name: {γ: value}}."""
+    fig, ax = new_figure(figsize=(6.4, 5.4))
+    for i, name in enumerate(measured):
+        gammas = sorted(measured[name])
+        style = _series(i)
+        low, mid, high = (np.array([measured[name][g][k] for g in gammas]) for k in range(3))
+        ax.errorbar(
+            gammas,
+            mid,
+            yerr=[mid - low, high - mid],
+            fmt=style["marker"],
+            capsize=3,
+            color=style["color"],
+            label=f"{name}",
+        )
+        ax.plot(gammas, [predicted[name][g] for g in gammas], color=style["color"])
+        ax.plot(gammas, [theorem[name][g] for g in gammas], color=style["color"], linestyle=":")
+    ax.axhline(1, color="black", linewidth=0.8)
+    ax.set(xlabel="γ (drafts per target call)", ylabel="speedup over plain decoding")
+    ax.set_title("The race: measured, the form, Theorem 3.8")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=3)
+    return fig
+
+
+PASSAGE_STYLE = {  # colour and a cue that is not colour: the underline's style
+    ACCEPTED: ("kept draft", "#0072B2", "solid"),
+    RESIDUAL: ("drawn from the residual", "#D55E00", "wavy"),
+    BONUS: ("bonus, drawn from p", "#009E73", "double"),
+    PLAIN: ("drawn from p", "#000000", "none"),
+}
+
+
+def passage_html(text, kinds):
+    """HTML of a generated passage, each character styled by where it came from, and a key."""
+
+    def span(ch, kind):
+        label, colour, line = PASSAGE_STYLE[int(kind)]
+        ch = html.escape(ch).replace("\n", "⏎\n")
+        style = f"color:{colour};text-decoration:underline {line} {colour}"
+        return f'<span style="{style}" title="{label}">{ch}</span>'
+
+    body = "".join(span(ch, kind) for ch, kind in zip(text, kinds))
+    key = " · ".join(
+        span(label, kind)
+        for kind, (label, _, _) in PASSAGE_STYLE.items()
+        if kind in set(kinds.tolist())
+    )
+    box = "font-family:monospace;white-space:pre-wrap;line-height:1.9;overflow-wrap:anywhere"
+    return f'<div style="{box}">{body}</div><p>{key}</p>'
