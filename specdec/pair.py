@@ -561,7 +561,8 @@ def call_costs(pair, drafts, max_positions, context, repeats):
 
 def plot_beta_histograms(betas):
     """Histograms of β = Σ min(p, q) over held-out contexts, one panel per draft {name: (n,)}."""
-    fig, axes = new_figure(nrows=len(betas), figsize=(6.4, 1.9 * len(betas) + 1), sharex=True)
+    fig, axes = new_figure(nrows=len(betas), figsize=(5.0, 2.0 * len(betas) + 0.6), sharex=True)
+    fig.set_layout_engine("constrained")  # room for each panel's title
     bins = np.linspace(0, 1, 41)
     for i, (ax, (name, beta)) in enumerate(zip(np.atleast_1d(axes), betas.items())):
         ax.hist(
@@ -574,38 +575,35 @@ def plot_beta_histograms(betas):
 
 
 def plot_draft_choice(points, best):
-    """Each draft at (α, c), with Corollary 3.9's boundary α = c; the best γ measured beside it.
+    """Each draft at (α, c), with Corollary 3.9's boundary α = c; the best γ measured in its label.
 
     points: {name: (α, c)}; best: {name: (γ, speedup)}."""
-    fig, ax = new_figure(figsize=(6.4, 5.2))
+    fig, ax = new_figure(figsize=(5.4, 6.0))
     top = max(max(c for _, c in points.values()) * 1.3, 0.1)
     grid = np.linspace(0, 1, 50)
-    ax.fill_between(grid, grid, top, color="grey", alpha=0.15, label="α < c: no γ ≥ 1 pays")
+    ax.fill_between(grid, grid, top, color="grey", alpha=0.15, label="α < c: no γ pays (Thm 3.8)")
     ax.plot(grid, grid, color="black", linewidth=1)
     for i, (name, (alpha, c)) in enumerate(points.items()):
         gamma, speedup = best[name]
-        ax.plot(alpha, c, MARKERS[i % 7], color=OKABE_ITO[i % 7], markersize=10, label=name)
-        ax.annotate(
-            f"γ={gamma}: {speedup:.2f}×", (alpha, c), xytext=(6, 6), textcoords="offset points"
-        )
-    ax.set(
-        xlim=(0, 1), ylim=(0, top), xlabel="α (held-out contexts)", ylabel="c = draft call / T(1)"
-    )
-    ax.set_title("Which draft: α against c, best γ measured")
-    ax.legend(loc="upper left", ncol=2)
+        label = f"{name}: γ = {gamma}, {speedup:.2f}×"  # the γ that raced fastest
+        ax.plot(alpha, c, MARKERS[i % 7], color=OKABE_ITO[i % 7], markersize=10, label=label)
+    ax.set(xlim=(0, 1), ylim=(0, top), xlabel="α (held-out contexts)")
+    ax.set(ylabel="c = draft call / T(1)", title="Which draft: α against c, best γ measured")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=1)
     return fig
 
 
 def plot_pair_race(measured, predicted, theorem):
     """Speedup against γ per draft: measured (markers, with the spread of repeats as bars), the
     measured-cost form with overhead (line), Theorem 3.8 (dotted). Each: {name: {γ: value}}."""
-    fig, ax = new_figure(figsize=(6.4, 5.4))
+    fig, ax = new_figure(figsize=(5.4, 5.4))
     for i, name in enumerate(measured):
         gammas = sorted(measured[name])
         style = _series(i)
         low, mid, high = (np.array([measured[name][g][k] for g in gammas]) for k in range(3))
+        shift = 0.09 * (i - (len(measured) - 1) / 2)  # side by side, so the bars do not hide
         ax.errorbar(
-            gammas,
+            np.array(gammas) + shift,
             mid,
             yerr=[mid - low, high - mid],
             fmt=style["marker"],
@@ -615,6 +613,8 @@ def plot_pair_race(measured, predicted, theorem):
         )
         ax.plot(gammas, [predicted[name][g] for g in gammas], color=style["color"])
         ax.plot(gammas, [theorem[name][g] for g in gammas], color=style["color"], linestyle=":")
+    ax.plot([], [], color="black", label="form with o")  # the line styles, in the legend
+    ax.plot([], [], color="black", linestyle=":", label="Theorem 3.8")
     ax.axhline(1, color="black", linewidth=0.8)
     ax.set(xlabel="γ (drafts per target call)", ylabel="speedup over plain decoding")
     ax.set_title("The race: measured, the form, Theorem 3.8")
@@ -622,11 +622,11 @@ def plot_pair_race(measured, predicted, theorem):
     return fig
 
 
-PASSAGE_STYLE = {  # colour and a cue that is not colour: the underline's style
-    ACCEPTED: ("kept draft", "#0072B2", "solid"),
-    RESIDUAL: ("drawn from the residual", "#D55E00", "wavy"),
-    BONUS: ("bonus, drawn from p", "#009E73", "double"),
-    PLAIN: ("drawn from p", "#000000", "none"),
+PASSAGE_STYLE = {  # colour, and a cue that is not colour: an underline or a bold tint
+    ACCEPTED: ("kept draft", "#0072B2", "text-decoration:underline solid"),
+    RESIDUAL: ("drawn from the residual", "#D55E00", "text-decoration:underline wavy"),
+    BONUS: ("bonus, drawn from p", "#009E73", "font-weight:bold;background:#e3f2ec"),
+    PLAIN: ("drawn from p", "#000000", ""),
 }
 
 
@@ -634,9 +634,9 @@ def passage_html(text, kinds):
     """HTML of a generated passage, each character styled by where it came from, and a key."""
 
     def span(ch, kind):
-        label, colour, line = PASSAGE_STYLE[int(kind)]
+        label, colour, cue = PASSAGE_STYLE[int(kind)]
         ch = html.escape(ch).replace("\n", "⏎\n")
-        style = f"color:{colour};text-decoration:underline {line} {colour}"
+        style = f"color:{colour};{cue}"
         return f'<span style="{style}" title="{label}">{ch}</span>'
 
     body = "".join(span(ch, kind) for ch, kind in zip(text, kinds))
