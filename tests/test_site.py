@@ -603,6 +603,8 @@ def test_the_page_weight_and_figure_text_checks_can_fail(browser, tmp_path):
 
 # An ordinary value (0.001 to 9999, or an exact zero) printed in e-notation: 6.98e-01, 0.0e+00.
 E_NOTATION = re.compile(r"\b\d\.\d+e(?:-0[0-3]|\+0[0-3])\b")
+
+
 def ordinary_values_in_e_notation(page):
     """Every ordinary value a page's main text prints in e-notation."""
     soup = BeautifulSoup(page.read_text(encoding="utf-8"), "html.parser")
@@ -611,10 +613,7 @@ def ordinary_values_in_e_notation(page):
 
 
 def test_no_ordinary_value_is_printed_in_e_notation():
-    found = {
-        p.stem: ordinary_values_in_e_notation(p)
-        for p in CONTENT_PAGES
-    }
+    found = {p.stem: ordinary_values_in_e_notation(p) for p in CONTENT_PAGES}
     assert not any(found.values()), {k: v for k, v in found.items() if v}
 
 
