@@ -179,8 +179,8 @@ class Run(NamedTuple):
     tokens: np.ndarray  # (B, n_tokens) int64
     kinds: np.ndarray  # (B, n_tokens) int8: ACCEPTED, RESIDUAL, BONUS or PLAIN
     accepted: np.ndarray  # (steps, B) drafts kept at each target call; −1 once a row is done
-    betas: np.ndarray  # (steps, B, γ): β = Σ min(p, q) at each drafted position
-    ratios: np.ndarray  # (steps, B, γ): min(1, p(x)/q(x)) of each drafted token x
+    betas: np.ndarray | None  # (steps, B, γ): β = Σ min(p, q) at each drafted position
+    ratios: np.ndarray | None  # (steps, B, γ): min(1, p(x)/q(x)) of each drafted token x
     calls: int  # target calls (one per step)
 
 
@@ -216,12 +216,13 @@ class Pair:
         when draft is None (gamma is then unused), else speculative decoding with `verify`."""
         return self.run(prompt_ids, n_tokens, gamma, rng, draft, temperature).tokens
 
-    def run(self, prompt_ids, n_tokens, gamma, rng, draft=None, temperature=1.0):
-        """`generate`, keeping where each token came from and what each target call saw."""
+    def run(self, prompt_ids, n_tokens, gamma, rng, draft=None, temperature=1.0, record=False):
+        """`generate`, keeping where each token came from, and with record=True what each target
+        call saw (β and min(1, p/q) of every draft: bookkeeping that plain generation skips)."""
         with threadpool_limits(limits=BLAS_THREADS, user_api="blas"):  # tiny products: 1 thread
-            return self._run(prompt_ids, n_tokens, gamma, rng, draft, temperature)
+            return self._run(prompt_ids, n_tokens, gamma, rng, draft, temperature, record)
 
-    def _run(self, prompt_ids, n_tokens, gamma, rng, draft, temperature):
+    def _run(self, prompt_ids, n_tokens, gamma, rng, draft, temperature, record):
         """`run` without the thread limit."""
         prompt = self._check_prompt(prompt_ids)
         _check_count(n_tokens, "n_tokens")
@@ -239,12 +240,10 @@ class Pair:
             )
         models = (self.target,) if draft is None else (self.target, self.drafts[draft])
         for model in models:
-            model.reset(len(prompt), width)
-            if prompt.shape[1] > 1:
-                model.prefill(prompt[:, :-1])
+            _prime(model, prompt, width)
         if draft is None:
             return _plain(self.target, prompt, n_tokens, rng, temperature)
-        return _speculative(*models, prompt, n_tokens, gamma, rng, temperature)
+        return _speculative(*models, prompt, n_tokens, gamma, rng, temperature, record)
 
     def _check_prompt(self, prompt_ids):
         """prompt_ids as (B, T ≥ 1) int64 ids; a 1-D prompt is one row."""
@@ -261,6 +260,13 @@ class Pair:
         return prompt.astype(np.int64)
 
 
+def _prime(model, prompt, width):
+    """Empty the model's cache for the prompt rows (B, T) and cache all but their last token."""
+    model.reset(len(prompt), width)
+    if prompt.shape[1] > 1:
+        model.prefill(prompt[:, :-1])
+
+
 def _plain(target, prompt, n_tokens, rng, temperature):
     """Plain sampling: one target call per token, each drawn from p^(1/T) renormalised."""
     batch = len(prompt)
@@ -268,11 +274,11 @@ def _plain(target, prompt, n_tokens, rng, temperature):
     for i in range(n_tokens):
         tokens[:, i] = _sample_rows(softmax_law(target.forward(last)[:, 0], temperature), rng)
         last = tokens[:, i : i + 1]
-    accepted, none = np.zeros((n_tokens, batch), dtype=np.int64), np.zeros((n_tokens, batch, 0))
-    return Run(tokens, np.full((batch, n_tokens), PLAIN, np.int8), accepted, none, none, n_tokens)
+    accepted = np.zeros((n_tokens, batch), dtype=np.int64)
+    return Run(tokens, np.full((batch, n_tokens), PLAIN, np.int8), accepted, None, None, n_tokens)
 
 
-def _speculative(target, draft, prompt, n_tokens, gamma, rng, temperature):
+def _speculative(target, draft, prompt, n_tokens, gamma, rng, temperature, record=False):
     """Speculative decoding with `verify`: γ draft calls, then one target call, per step; a row
     leaves the batch (and the models' caches) once it has n_tokens."""
     (batch, start), end = prompt.shape, prompt.shape[1] + n_tokens
@@ -299,16 +305,20 @@ def _speculative(target, draft, prompt, n_tokens, gamma, rng, temperature):
         kinds[rows, slots] = np.where(kept, kind, kinds[rows, slots])
         filled[live] = f + accepted + 1
         log.append(_spread(accepted, live, batch, -1))
-        p_x, q_x = (np.take_along_axis(x[:, :gamma], drafts[..., None], -1)[..., 0] for x in (p, q))
-        betas.append(_spread(np.minimum(p[:, :gamma], q).sum(axis=-1), live, batch, 0.0))
-        ratios.append(_spread(np.minimum(1, p_x / q_x), live, batch, 0.0))  # q_x > 0: x ~ q
+        if record:
+            p_x, q_x = (
+                np.take_along_axis(x[:, :gamma], drafts[..., None], -1)[..., 0] for x in (p, q)
+            )
+            betas.append(_spread(np.minimum(p[:, :gamma], q).sum(axis=-1), live, batch, 0.0))
+            ratios.append(_spread(np.minimum(1, p_x / q_x), live, batch, 0.0))  # q_x > 0: x ~ q
         going = filled[live] < end
         if not going.all():
             live = live[going]
             for model in (target, draft):
                 model.select(going)
     tokens, kinds = seq[:, start:end], kinds[:, start:end]
-    return Run(tokens, kinds, np.array(log), np.array(betas), np.array(ratios), len(log))
+    betas, ratios = (np.array(x) if record else None for x in (betas, ratios))
+    return Run(tokens, kinds, np.array(log), betas, ratios, len(log))
 
 
 def _spread(values, live, batch, fill):
@@ -348,9 +358,7 @@ def plain(model, prompt_ids, n_tokens, rng, temperature=1.0):
             f"prompt length + n_tokens = {prompt.shape[1] + n_tokens} exceeds the {known} "
             "positions the model knows (no window slides)"
         )
-    model.reset(len(prompt), prompt.shape[1] + n_tokens)
-    if prompt.shape[1] > 1:
-        model.prefill(prompt[:, :-1])
+    _prime(model, prompt, prompt.shape[1] + n_tokens)
     return _plain(model, prompt, n_tokens, rng, temperature).tokens
 
 
@@ -414,7 +422,9 @@ def _two_tokens(p1, q1, p2, q2, n, rng, rule):
 def tokens_per_call(run):
     """Tokens per target call of a speculative Run, measured and predicted, each as (mean, s.e.)
     over rows: Eq. 1 at the run's α; Σ_i Π_{j≤i} β_j of each step; Σ_i Π_{j≤i} min(1, p/q) of
-    each step's drafts, its expected tokens given them."""
+    each step's drafts, its expected tokens given them. The run must be made with record=True."""
+    if run.betas is None:
+        raise ValueError("run must come from pair.run(..., record=True) with a draft")
     active = run.accepted >= 0  # (steps, B)
     steps = active.sum(axis=0)  # (B,)
 
@@ -506,7 +516,6 @@ class RaceRow(NamedTuple):
     model_seconds: float
     calls: int  # target calls
     tokens: int  # tokens emitted, overshoot of the last step included
-    beta: float  # mean β at the drafted positions (nan for plain decoding)
 
 
 def _timed_run(pair, prompt, n_tokens, gamma, draft, seed):
@@ -516,16 +525,14 @@ def _timed_run(pair, prompt, n_tokens, gamma, draft, seed):
     rng = np.random.default_rng(seed)
     start = time.thread_time()
     for model in models:
-        model.reset(1, len(prompt) + n_tokens + gamma)
-        model.prefill(prompt[None, :-1])
+        _prime(model, prompt[None], len(prompt) + n_tokens + gamma)
     if draft is None:
         run = _plain(target, prompt[None], n_tokens, rng, 1.0)
     else:
         run = _speculative(*models, prompt[None], n_tokens, gamma, rng, 1.0)
     seconds = time.thread_time() - start
     emitted = int((run.accepted[run.accepted >= 0] + 1).sum()) if draft else n_tokens
-    beta = float(run.betas.mean()) if draft and gamma else float("nan")
-    return seconds, sum(m.seconds for m in models), run.calls, emitted, beta
+    return seconds, sum(m.seconds for m in models), run.calls, emitted
 
 
 def race(pair, settings, prompt, n_tokens, repeats, seed=9):

@@ -176,6 +176,17 @@ def test_the_same_test_rejects_generation_through_a_broken_verifier(monkeypatch)
     assert p_value(tokens, target_joint()) < LEVEL
 
 
+def test_recording_what_each_call_saw_changes_no_token():
+    runs = [
+        PAIR.run(np.tile(PROMPT, (50, 1)), 20, 3, np.random.default_rng(8), "bigram", record=r)
+        for r in (False, True)
+    ]
+    assert np.array_equal(runs[0].tokens, runs[1].tokens) and runs[0].betas is None
+    assert runs[1].betas.shape == (runs[1].calls, 50, 3)
+    with pytest.raises(ValueError, match="record=True"):
+        specdec.pair.tokens_per_call(runs[0])
+
+
 def test_the_enumerated_two_token_law_is_the_targets_for_the_correct_rule_only():
     p1, p2 = rows_after(PAIR.target, PROMPT)
     q1, q2 = rows_after(PAIR.drafts["bigram"], PROMPT)
