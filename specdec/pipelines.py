@@ -280,6 +280,26 @@ def samples_to_detect(law, reference, level=DETECT_LEVEL, power=DETECT_POWER):
     return float(np.ceil(max(by_chi, 1.0))), "chi-square"
 
 
+def direction_draws(law, reference, level=DETECT_LEVEL, power=DETECT_POWER):
+    """Draws a one-sided test of the score along law − ref needs: (z_level + z_power)² divided
+    by Σ(law − ref)²/ref, or the draws that see an outcome the reference forbids, if fewer."""
+    law, reference = np.asarray(law, float), np.asarray(reference, float)
+    support = reference > 0
+    drift = float(((law - reference)[support] ** 2 / reference[support]).sum())
+    forbidden = float(law[~support].sum())
+    shift = (
+        stats.norm.isf(level) + stats.norm.ppf(power)
+    ) ** 2  # the score's mean, in SEs, squared
+    by_chi = shift / drift if drift > 0 else np.inf
+    by_forbidden = np.log1p(-power) / np.log1p(-forbidden) if forbidden > 0 else np.inf
+    return float(np.ceil(max(1.0, min(by_chi, by_forbidden))))
+
+
+def _signed(x):
+    """A signed decimal without e-notation, two significant digits: '+0.000034'."""
+    return np.format_float_positional(x, precision=2, unique=False, fractional=False, sign=True)
+
+
 USER_SETTINGS = Settings(temperature=Fraction(1, 2), top_k=8, top_p=Fraction(9, 10), penalty=2)
 SETTINGS_W = Fraction(3, 10)  # the draft weight of chapter 6
 
@@ -308,8 +328,9 @@ def _outcome(code, k):
 
 
 def bug_rows(k=3, gamma=2, w=SETTINGS_W, level=DETECT_LEVEL, power=DETECT_POWER):
-    """Per bug: exact TV of k tokens from p', the most over- and under-made outcome, and the
-    draws a chi-square test at `level` needs for `power` (floats; see tiny_clamp_row)."""
+    """Per bug: exact TV of k tokens from p̃, the most over- and under-made outcome (law − p̃),
+    and the draws an omnibus chi-square test over every outcome at `level` needs for `power`,
+    beside those of a test aimed at the bug's direction (floats; see tiny_clamp_row)."""
     reference = processed_target_law(k, USER_SETTINGS, exact=False)
     rows = []
     for key, pipeline in bug_pipelines().items():
@@ -318,13 +339,15 @@ def bug_rows(k=3, gamma=2, w=SETTINGS_W, level=DETECT_LEVEL, power=DETECT_POWER)
         law = np.asarray(pipeline_law(k, gamma, w, pipeline, exact=False)[0], float)
         n, reason = samples_to_detect(law, reference, level, power)
         gap = law - reference
+        high, low = int(gap.argmax()), int(gap.argmin())
         rows.append(
             {
                 "bug": key,
                 "TV": law_total_variation(law, reference),
-                "too often": f"{_outcome(int(gap.argmax()), k)} ({gap.max():+.2g})",
-                "too rarely": f"{_outcome(int(gap.argmin()), k)} ({gap.min():+.2g})",
+                "too often": f"{_outcome(high, k)} ({_signed(gap[high])})",
+                "too rarely": f"{_outcome(low, k)} ({_signed(gap[low])})",
                 "draws to catch": n,
+                "direction-aware draws": direction_draws(law, reference, level, power),
                 "caught by": reason,
             }
         )

@@ -13,19 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats
 
-from .pipelines import (
-    DETECT_LEVEL,
-    DETECT_POWER,
-    SETTINGS_W,
-    USER_SETTINGS,
-    _bf16,
-    _outcome,
-    bug_pipelines,
-    noncentrality_needed,
-    pipeline_law,
-    processed_target_law,
-    samples_to_detect,
-)
+from .pipelines import _bf16, noncentrality_needed
 from .verify import _below
 
 MIN_EXPECTED = 20  # a cell expects at least this many draws: single tokens, or pooled id ranges
@@ -275,50 +263,6 @@ def component_rows(scenario, accepted, tokens, level):
 
 
 # ---- how many draws catch chapter 6's bugs: an omnibus test, and one aimed at the bug ------
-
-
-def direction_draws(law, reference, level=DETECT_LEVEL, power=DETECT_POWER):
-    """Draws a one-sided test of the score along law − ref needs: (z_level + z_power)² divided
-    by Σ(law − ref)²/ref, or the draws that see an outcome the reference forbids, if fewer."""
-    law, reference = np.asarray(law, float), np.asarray(reference, float)
-    support = reference > 0
-    drift = float(((law - reference)[support] ** 2 / reference[support]).sum())
-    forbidden = float(law[~support].sum())
-    shift = (
-        stats.norm.isf(level) + stats.norm.ppf(power)
-    ) ** 2  # the score's mean, in SEs, squared
-    by_chi = shift / drift if drift > 0 else np.inf
-    by_forbidden = np.log1p(-power) / np.log1p(-forbidden) if forbidden > 0 else np.inf
-    return float(np.ceil(max(1.0, min(by_chi, by_forbidden))))
-
-
-def _signed(x):
-    """A signed decimal without e-notation, two significant digits: '+0.000034'."""
-    return np.format_float_positional(x, precision=2, unique=False, fractional=False, sign=True)
-
-
-def bug_detection(k=3, gamma=2, w=SETTINGS_W, level=DETECT_LEVEL, power=DETECT_POWER):
-    """Per bug of chapter 6 (tiny clamp aside): the draws an omnibus chi-square over every
-    outcome needs, those of a test aimed at the bug's direction, and the outcomes made most
-    too often and too rarely, with law − p̃. One dict per bug."""
-    reference = processed_target_law(k, USER_SETTINGS, exact=False)
-    rows = []
-    for key, pipeline in bug_pipelines().items():
-        if key == "tiny clamp":
-            continue
-        law = np.asarray(pipeline_law(k, gamma, w, pipeline, exact=False)[0], float)
-        gap = law - reference
-        high, low = int(gap.argmax()), int(gap.argmin())
-        rows.append(
-            {
-                "bug": key,
-                "omnibus draws": samples_to_detect(law, reference, level, power)[0],
-                "direction-aware draws": direction_draws(law, reference, level, power),
-                "too often": f"{_outcome(high, k)} ({_signed(gap[high])})",
-                "too rarely": f"{_outcome(low, k)} ({_signed(gap[low])})",
-            }
-        )
-    return rows
 
 
 # ---- engine-shaped rows, seeded ---------------------------------------------------------------
