@@ -1,0 +1,158 @@
+"""Chapter 9's clock: the ONNX Runtime twin equals the numpy reference, and the race's parts."""
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import specdec_core as sc
+from specdec import race
+from specdec.runtime import RuntimeTransformer
+from specdec.transformer import Config, TinyTransformer
+
+# Both paths compute in float32 and sum in other orders. Measured against a float64 forward
+# pass of the same weights, each is off by up to 1.2e-5 on the shipped models (logits up to 14,
+# where float32's spacing is 9.5e-7): so the two may differ by twice that, and no tighter
+# absolute bound than about 2.5e-5 holds for two float32 implementations.
+LOGIT_TOLERANCE = 2.5e-5
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return sc.load_pair()
+
+
+@pytest.fixture(scope="module")
+def twin(pair):
+    return race.on_runtime(pair)
+
+
+def _logits(model, ids, split):
+    """Logits of ids (B, T) in two calls: a prefill of the first `split`, then the rest."""
+    model.reset(len(ids), ids.shape[1])
+    model.prefill(ids[:, :split])
+    return model.forward(ids[:, split:])
+
+
+@pytest.mark.parametrize("name", ["target", "draft1-500", "draft1-2000", "draft2-1000"])
+def test_runtime_logits_equal_numpy_for_every_model_at_several_prompts(pair, twin, name):
+    ref = pair.target if name == "target" else pair.drafts[name]
+    run = twin.target if name == "target" else twin.drafts[name]
+    text = pair.heldout_text
+    for start, length, split in [(0, 9, 1), (5_000, 40, 33), (60_000, 128, 120)]:
+        ids = np.stack([pair.encode(text[s : s + length]) for s in (start, start + 777)])
+        a, b = _logits(ref, ids, split), _logits(run, ids, split)
+        assert a.shape == b.shape and b.dtype == np.float32
+        assert np.abs(a - b).max() < LOGIT_TOLERANCE
+
+
+def test_the_tolerance_catches_a_runtime_built_from_other_weights(pair):
+    """Negative control: a twin of a model with one weight nudged by 1e-3 differs past it."""
+    ref = pair.drafts["draft1-2000"]
+    embed = ref.embed.copy()
+    embed[:, 0] += 1e-3
+    other = RuntimeTransformer(
+        ref.config, 1, (embed, ref.position, ref.layers, ref.final_norm, ref.unembed)
+    )
+    ids = pair.encode(pair.heldout_text[:20])[None]
+    assert np.abs(_logits(ref, ids, 10) - _logits(other, ids, 10)).max() > LOGIT_TOLERANCE
+
+
+@pytest.mark.parametrize("draft, gamma", [(None, 1), ("bigram", 3), ("draft1-2000", 4)])
+def test_a_seeded_run_is_token_identical_through_both_paths(pair, twin, draft, gamma):
+    prompts = np.stack([pair.encode(pair.heldout_text[s : s + 12]) for s in (100, 9_000, 50_000)])
+    a = pair.run(prompts, 70, gamma, np.random.default_rng(4), draft)
+    b = twin.run(prompts, 70, gamma, np.random.default_rng(4), draft)
+    assert np.array_equal(a.tokens, b.tokens) and np.array_equal(a.accepted, b.accepted)
+    control = twin.run(prompts, 70, gamma, np.random.default_rng(5), draft)  # another seed
+    assert not np.array_equal(a.tokens, control.tokens)
+
+
+def test_the_runtime_refuses_what_it_cannot_run():
+    with pytest.raises(ValueError, match="float32"):
+        RuntimeTransformer(Config(d_model=8, n_layers=1, n_heads=2, dtype="float64"))
+    with pytest.raises(TypeError, match="TinyTransformer"):
+        RuntimeTransformer.twin("not a model")
+    small = RuntimeTransformer(Config(d_model=8, n_layers=1, n_heads=2, max_len=4))
+    with pytest.raises(ValueError, match="cache holds"):
+        small.forward(np.zeros((1, 5), dtype=np.int64))
+
+
+def test_random_weights_also_agree_at_engine_width():
+    """A wider random model (d = 256, 2 layers), cache in use: no size is built in."""
+    ref = TinyTransformer(Config(d_model=256, n_layers=2, n_heads=4, max_len=64))
+    ids = np.random.default_rng(0).integers(0, ref.config.n_inputs, (3, 30))
+    a, b = _logits(ref, ids, 17), _logits(RuntimeTransformer.twin(ref), ids, 17)
+    assert np.abs(a - b).max() < LOGIT_TOLERANCE * max(1.0, float(np.abs(a).max()))
+
+
+def test_replay_retraces_the_run_and_a_changed_run_is_caught(twin):
+    prompt = twin.encode(twin.heldout_text[300:316])
+    seconds, steps = race.loop_overhead(twin, "draft1-2000", 3, prompt, 40, seed=2, repeats=1)
+    assert seconds > 0 and 40 / 4 <= steps <= 40
+    replayed = race._replayed(twin, "draft1-2000")
+    first = replayed.run(prompt, 40, 3, np.random.default_rng(2), "draft1-2000")
+    for model in (replayed.target, replayed.drafts["draft1-2000"]):
+        model.replay()
+    again = replayed.run(prompt, 40, 3, np.random.default_rng(2), "draft1-2000")
+    assert np.array_equal(first.tokens, again.tokens)
+    for model in (replayed.target, replayed.drafts["draft1-2000"]):
+        model.replay()
+    other = replayed.run(prompt, 40, 3, np.random.default_rng(3), "draft1-2000")  # control
+    assert not np.array_equal(first.tokens, other.tokens)
+
+
+def test_predict_is_theorem_3_8_when_calls_are_all_that_costs():
+    """With v = 1, no overhead and no prefill, the prediction is Theorem 3.8 exactly."""
+    costs = race.Costs({1: 1.0, 5: 1.0}, {"d": 0.1}, {"target": 0.0, "d": 0.0})
+    got = race.predict(costs, 0.0, 0.0, 0.7, "d", 4, 100)
+    assert got == pytest.approx(sc.walltime_speedup(0.7, 4, 0.1), rel=1e-12)
+    slower = race.Costs({1: 1.0, 5: 1.5}, {"d": 0.1}, {"target": 0.0, "d": 0.0})  # control
+    assert race.predict(slower, 0.0, 0.0, 0.7, "d", 4, 100) < got
+
+
+def test_the_bootstrap_interval_covers_a_known_ratio_and_not_a_wrong_one():
+    """Synthetic runs whose true speedup is 2: plain times ~ 2 s, speculative ~ 1 s, noise 5 %.
+    A 95 % interval from 4 prompts × 6 repeats must cover 2 and exclude 1.8 (about 15 s.e.
+    away: the ratio's s.e. here is about 0.01)."""
+    rng = np.random.default_rng(0)
+    rows = pd.DataFrame(
+        [
+            {
+                "prompt": p,
+                "repeat": r,
+                "draft": "d",
+                "gamma": 2,
+                "plain": 2 * (1 + 0.05 * rng.standard_normal()),
+                "seconds": 1 + 0.05 * rng.standard_normal(),
+                "calls": 10,
+            }
+            for p in range(4)
+            for r in range(6)
+        ]
+    )
+    speedup, low, high = race.bootstrap(rows)
+    assert low < 2 < high and not low < 1.8 < high
+    assert low < speedup < high
+
+
+def test_the_verdict_is_chosen_on_even_repeats_and_measured_on_odd_ones():
+    rows = pd.DataFrame(
+        [
+            {
+                "prompt": p,
+                "repeat": r,
+                "draft": d,
+                "gamma": 2,
+                "plain": 2.0,
+                "seconds": (0.9 if r % 2 == 0 else 1.4) if d == "lucky" else 1.0,
+                "calls": 10,
+            }
+            for p in range(3)
+            for r in range(4)
+            for d in ("lucky", "steady")
+        ]
+    )
+    table, verdict = race.summarise(rows, n_boot=200)
+    assert verdict.draft == "lucky"  # best on the even repeats...
+    assert verdict.speedup == pytest.approx(2 / 1.4)  # ...reported on the odd ones only
+    assert set(table.draft) == {"lucky", "steady"}
