@@ -322,3 +322,152 @@ def summarise(rows, n_boot=2000, seed=0):
     best = table.loc[table["even repeats"].idxmax()]
     held = rows[(rows.draft == best.draft) & (rows.gamma == best.gamma) & (rows.repeat % 2 == 1)]
     return table, Verdict(best.draft, int(best.gamma), *bootstrap(held, n_boot, seed))
+
+
+# ---- 6. One explanation: the roofline ---------------------------------------------------------
+
+# A data-centre GPU's published rates, for the computed (never measured) panel: NVIDIA's H100
+# SXM datasheet gives 3.35 TB/s of HBM3 bandwidth and 1,979 TFLOP/s of BF16 tensor throughput
+# with sparsity, so about 989 TFLOP/s dense (https://www.nvidia.com/en-us/data-center/h100/).
+H100_BYTES_PER_S, H100_FLOPS, H100_BYTES_PER_WEIGHT = 3.35e12, 989e12, 2  # BF16 weights
+
+
+class Machine(NamedTuple):
+    """This machine's rates, one thread: GEMM, reads from L3 and from DRAM, the L3's size."""
+
+    gemm: float  # FLOP/s of a 1,024² float32 matrix product
+    l3_read: float  # bytes/s reading an array that fits in L3
+    dram_read: float  # bytes/s reading one eight times the L3
+    l3_bytes: int
+
+
+def l3_bytes(default=32 * 2**20):
+    """The last-level cache's size from sysfs (Linux), else default."""
+    try:
+        text = open("/sys/devices/system/cpu/cpu0/cache/index3/size").read().strip()
+        return int(text.rstrip("K")) * 1024 if text.endswith("K") else int(text)
+    except (OSError, ValueError):
+        return default
+
+
+def _read_rate(n_bytes, repeats):
+    """Bytes/s of the fastest of repeats single-thread reads of an n_bytes float32 array."""
+    a = np.ones(n_bytes // 4, dtype=np.float32)
+    a.sum()  # first touch
+    return n_bytes / min(_seconds(a.sum) for _ in range(repeats))
+
+
+def machine_rates(repeats=5):
+    """Machine: the rates a call of any model here is bounded by, one BLAS thread."""
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((1024, 1024), dtype=np.float32)
+    l3 = l3_bytes()
+    with threadpool_limits(limits=BLAS_THREADS, user_api="blas"):
+        a @ a
+        gemm = 2 * 1024**3 / min(_seconds(a.__matmul__, a) for _ in range(repeats))
+        l3_read = _read_rate(l3 // 4, 4 * repeats)
+        dram_read = _read_rate(8 * l3, repeats)
+    return Machine(gemm, l3_read, dram_read, l3)
+
+
+def matrix_weights(config):
+    """Weights a call reads in full and multiplies by each position: layers and unembedding."""
+    d = config.d_model
+    return config.n_layers * (4 + 2 * config.ff_mult) * d * d + d * config.n_outputs
+
+
+def roofline_points(models, positions=(1, 5), repeats=7, context=48):
+    """Rows {model, implementation, n, seconds, flops, bytes} of one call scoring n positions
+    after `context` cached ones, for each (model label, implementation label): model."""
+    ids = np.arange(context + max(positions)) % 7  # ids every model knows
+    rows = []
+    with threadpool_limits(limits=BLAS_THREADS, user_api="blas"):
+        for (label, implementation), model in models.items():
+            times = _position_costs(model, ids, context, list(positions), repeats)
+            weights = matrix_weights(model.config)
+            for n in positions:
+                rows.append(
+                    {
+                        "model": label,
+                        "implementation": implementation,
+                        "n": n,
+                        "seconds": times[n],
+                        "flops": 2.0 * weights * n,
+                        "bytes": 4.0 * weights,
+                    }
+                )
+    return pd.DataFrame(rows)
+
+
+def plot_roofline(points, rates, gpu_weights=7e9):
+    """Two rooflines, one above the other: this machine's, measured (roofs from `rates`, each
+    model and implementation at n = 1 and n = 5 positions), and a GPU's, computed from its
+    datasheet for a model of gpu_weights BF16 weights (no point on it is a measurement)."""
+    from .style import MARKERS, OKABE_ITO, new_figure
+
+    fig, (top, bottom) = new_figure(nrows=2, figsize=(6.4, 9.6))
+    x = np.logspace(-1, 3.5, 200)
+    top.plot(
+        x,
+        np.minimum(rates.gemm, rates.l3_read * x) / 1e9,
+        color="black",
+        linestyle="--",
+        label="roof, weights in L3",
+    )
+    top.plot(
+        x,
+        np.minimum(rates.gemm, rates.dram_read * x) / 1e9,
+        color="black",
+        label="roof, weights in DRAM",
+    )
+    for (model, implementation), group in points.groupby(["model", "implementation"], sort=False):
+        colour = OKABE_ITO[list(points.model.unique()).index(model) % len(OKABE_ITO)]
+        filled = implementation != "numpy"
+        marker = MARKERS[list(points.implementation.unique()).index(implementation)]
+        top.plot(
+            group.flops / group.bytes,
+            group.flops / group.seconds / 1e9,
+            marker=marker,
+            color=colour,
+            markerfacecolor=colour if filled else "white",
+            label=f"{model}, {implementation}",
+        )
+    top.set(
+        xscale="log",
+        yscale="log",
+        xlim=(0.2, 20),
+        ylim=(0.05, 3 * rates.gemm / 1e9),
+        xlabel="FLOP per byte of weights (n/2 in float32)",
+        ylabel="GFLOP/s, one thread",
+    )
+    top.set_title("This machine, measured: n = 1 and 5 positions")
+    top.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=11)
+    ridge = H100_FLOPS / H100_BYTES_PER_S
+    bottom.plot(
+        x,
+        np.minimum(H100_FLOPS, H100_BYTES_PER_S * x) / 1e12,
+        color="black",
+        label="roof (datasheet)",
+    )
+    for n in (1, 5, 64):
+        intensity = n * 2 / H100_BYTES_PER_WEIGHT
+        bottom.plot(
+            intensity, min(H100_FLOPS, H100_BYTES_PER_S * intensity) / 1e12, "o", color=OKABE_ITO[0]
+        )
+        bottom.annotate(
+            f"n = {n}",
+            (intensity, H100_BYTES_PER_S * intensity / 1e12),
+            textcoords="offset points",
+            xytext=(6, -14),
+            fontsize=12,
+        )
+    bottom.axvline(ridge, color="black", linestyle=":", linewidth=1)
+    bottom.set(
+        xscale="log",
+        yscale="log",
+        xlim=(0.5, 3000),
+        xlabel="FLOP per byte of weights (n in BF16)",
+        ylabel="TFLOP/s",
+    )
+    bottom.set_title(f"An H100, computed: ridge at n ≈ {ridge:.0f} positions")
+    return fig
