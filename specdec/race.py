@@ -27,7 +27,7 @@ from threadpoolctl import threadpool_limits
 
 from .checks import _check_count
 from .runtime import RuntimeTransformer
-from .theory import expected_tokens
+from .theory import expected_tokens, walltime_speedup
 from .transformer import BLAS_THREADS, TinyTransformer, softmax_law
 
 
@@ -471,3 +471,84 @@ def plot_roofline(points, rates, gpu_weights=7e9):
     )
     bottom.set_title(f"An H100, computed: ridge at n ≈ {ridge:.0f} positions")
     return fig
+
+
+# ---- 7. Everything in order: measure apart, predict, then race ------------------------------
+
+
+class Result(NamedTuple):
+    """A predicted and measured race: its table, the verdict, and what the prediction used."""
+
+    table: pd.DataFrame  # per (draft, γ): α, E, c, v, o, predicted, measured with its interval
+    verdict: Verdict
+    costs: Costs
+    o_plain: float  # seconds per plain token outside model calls
+    alpha: dict  # {draft: (α, s.e.)} along the target's own samples
+    rows: pd.DataFrame  # the race's runs
+    seconds: float  # wall-clock seconds the whole measurement took
+
+
+def prompts_from(pair, n_prompts, length, offset=0, spacing=2_000):
+    """n_prompts held-out prompts (length ids each), spacing characters apart from offset."""
+    text = pair.heldout_text
+    if offset + (n_prompts - 1) * spacing + length > len(text):
+        raise ValueError("the held-out text is too short for these prompts")
+    return [
+        pair.encode(text[offset + k * spacing : offset + k * spacing + length])
+        for k in range(n_prompts)
+    ]
+
+
+def predict_and_race(
+    pair,
+    drafts,
+    gammas,
+    n_tokens=64,
+    prompt_length=16,
+    n_prompts=4,
+    repeats=4,
+    alpha_rows=24,
+    seed=9,
+):
+    """Measure the costs, the loop's overhead and α apart from the race, predict every
+    (draft, γ), then race them on n_prompts held-out prompts (disjoint from α's)."""
+    start = time.perf_counter()
+    settings = [(d, g) for d in drafts for g in gammas]
+    prompts = prompts_from(pair, n_prompts, prompt_length, offset=1_000)
+    contexts = [prompt_length + n_tokens * k // 4 for k in (1, 2, 3)]
+    costs = call_costs(pair, drafts, max(gammas) + 1, contexts, prompt_length)
+    o_plain = loop_overhead(pair, None, 1, prompts[0], n_tokens, seed)[0]
+    overhead = {s: loop_overhead(pair, *s, prompts[0], n_tokens, seed)[0] for s in settings}
+    starts = prompts_from(pair, alpha_rows, prompt_length, offset=60_000, spacing=1_500)
+    alpha = sampled_alpha(pair, drafts, np.stack(starts), n_tokens, seed + 1)
+    rows = race(pair, settings, prompts, n_tokens, repeats, seed)
+    table, verdict = summarise(rows)
+    extra = []
+    for draft, gamma in zip(table.draft, table.gamma):
+        a = alpha[draft][0]
+        extra.append(
+            {
+                "α": a,
+                "E[tokens]": float(expected_tokens(a, gamma)),
+                "c": costs.c(draft),
+                "v(γ)": costs.v(gamma),
+                "o": overhead[draft, gamma] / costs.t1,
+                "predicted": predict(
+                    costs, o_plain, overhead[draft, gamma], a, draft, gamma, n_tokens
+                ),
+                "Theorem 3.8": walltime_speedup(a, gamma, costs.c(draft)),
+            }
+        )
+    table = pd.concat([table, pd.DataFrame(extra)], axis=1)
+    return Result(table, verdict, costs, o_plain, alpha, rows, time.perf_counter() - start)
+
+
+def verdict_line(result):
+    """`make race`'s last line for a Result: the held-out speedup, the prediction, Theorem 3.8."""
+    v = result.verdict
+    row = result.table[(result.table.draft == v.draft) & (result.table.gamma == v.gamma)].iloc[0]
+    return (
+        f"measured speedup {v.speedup:.2f} (95 % CI {v.low:.2f}–{v.high:.2f}) for {v.draft} "
+        f"at γ = {v.gamma}, predicted {row.predicted:.2f} from isolated costs, theorem 3.8 "
+        f"{row['Theorem 3.8']:.2f}"
+    )
