@@ -17,7 +17,7 @@ export JUPYTER_DATA_DIR := $(CURDIR)/$(VENV)/share/jupyter
 export JUPYTER_PLATFORM_DIRS := 1
 export PYDEVD_DISABLE_FILE_VALIDATION := 1
 
-.PHONY: all site test figures notebooks lab bench stopwatch train lint clean distclean pdf
+.PHONY: all site test figures notebooks lab bench stopwatch race train lint clean distclean pdf
 
 all: site
 
@@ -100,6 +100,11 @@ bench: $(BIN)/.installed
 ## make stopwatch: race plain against speculative decoding through chapter 8's transformers
 stopwatch: $(BIN)/.installed
 	$(BIN)/python scripts/stopwatch.py
+
+## make race: chapter 9's race at full size through ONNX Runtime, predicted before it is run;
+## ends with the large target's line `measured speedup X (95 % CI lo–hi) ... theorem 3.8 Z`
+race: $(BIN)/.installed
+	$(BIN)/python scripts/race.py
 
 ## make train: retrain chapter 9's pair with JAX (in .venv-train, never in the book's .venv) into
 ## _build/train and compare every held-out loss and α with the shipped manifest (within 0.01)
