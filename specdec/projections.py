@@ -4,7 +4,8 @@ A `Scenario` is a batch of requests, each with target rows (γ+1, V) and draft r
 not depend on the drafted tokens. The rule's output then factorises by position: position i
 keeps its draft w.p. β_i = Σ min(p_i, q_i), a kept draft follows min(p_i, q_i)/β_i, the token at
 the first rejection follows max(0, p_i − q_i)/(1 − β_i), and the bonus follows p_γ. These laws
-are exact at any vocabulary; each is tested by Pearson's chi-square over cells fixed in advance.
+are exact at any vocabulary; each is tested over cells fixed in advance by `exact_chi_square`,
+whose law under the exact law is chi-square on (cells − 1) degrees of freedom exactly.
 """
 
 import functools
@@ -136,18 +137,33 @@ def sized_tv(cells, n_expected, level, power=POWER):
     return float(np.sqrt(noncentrality_needed(cells.size - 1, level, power) / (4 * n_expected)))
 
 
-def _p_value(counts, law):
-    """Pearson's statistic and its p-value; with two cells the exact binomial test's p-value,
-    as the chi-square tail overstates its confidence at levels near 1e-6 and small counts."""
-    expected = counts.sum() * law
-    stat = float(((counts - expected) ** 2 / expected).sum())
-    if len(law) == 2:
-        return stat, float(stats.binomtest(int(counts[1]), int(counts.sum()), law[1]).pvalue)
-    return stat, float(stats.chi2.sf(stat, len(law) - 1))
+def exact_chi_square(counts, law, u):
+    """A chi-square statistic of counts (..., C) against law (C,) that has, under that law,
+    exactly the chi-square law on C − 1 degrees of freedom: Σ z_j² over j < C − 1.
+
+    Cell j's count given the cells before it is binomial (the draws left, law_j / Σ_{i≥j} law_i);
+    its randomized probability integral transform, F(k − 1) + u_j·P(k) with u_j uniform (..., C−1),
+    is then exactly uniform and independent of the cells before, so z_j = Φ⁻¹ of it is exactly
+    N(0, 1), i.i.d. over j, at any count: no large-sample approximation. Each z_j² has the
+    noncentrality of Pearson's component, so the power is that of Pearson's test.
+    """
+    counts, law = np.asarray(counts, np.int64), np.asarray(law, float)
+    left = counts.sum(axis=-1, keepdims=True) - np.cumsum(counts, axis=-1) + counts  # cells ≥ j
+    tail = np.cumsum(law[::-1])[::-1]  # Σ_{i≥j} law_i
+    share = np.clip(law[:-1] / np.maximum(tail[:-1], 1e-300), 0, 1)
+    k, trials = counts[..., :-1], left[..., :-1]
+    share, u = np.broadcast_to(share, k.shape), np.broadcast_to(u, k.shape)
+    at = stats.binom.pmf(k, trials, share)
+    lower = stats.binom.cdf(k - 1, trials, share) + u * at  # the transform, U
+    upper = 1 - lower  # 1 − U, recomputed from the upper tail where rounding would show
+    far = upper < 1e-6
+    upper[far] = stats.binom.sf(k[far], trials[far], share[far]) + (1 - u[far]) * at[far]
+    return (stats.norm.isf(np.minimum(lower, upper)) ** 2).sum(axis=-1)  # z² = Φ⁻¹(min)²
 
 
-def pearson_test(cells, tokens, level, unit="token"):
-    """Pearson's test of tokens (n,) against the cells' law: a dict for the audit's table."""
+def pearson_test(cells, tokens, level, rng, unit="token"):
+    """The exact chi-square test of tokens (n,) against the cells' law, its randomization from
+    rng: a dict for the audit's table."""
     counts, forbidden = cells.counts(tokens)
     n = counts.sum()
     observed, exact = counts / max(n, 1), cells.law
@@ -167,7 +183,8 @@ def pearson_test(cells, tokens, level, unit="token"):
         return row | {"passed": False, "p-value": 0.0, "finding": finding}
     if cells.size < 2 or n == 0:
         return row | {"passed": True, "finding": "too few draws for a test (only the zeros)"}
-    stat, p_value = _p_value(counts, cells.law)
+    stat = float(exact_chi_square(counts, cells.law, rng.random(cells.size - 1)))
+    p_value = float(stats.chi2.sf(stat, cells.size - 1))
     critical = float(stats.chi2.isf(level, cells.size - 1))
     finding = "law matches" if p_value >= level else "law differs from the exact one"
     return row | {
@@ -249,14 +266,15 @@ def power_rows(scenario, level):
     ]
 
 
-def component_rows(scenario, accepted, tokens, level):
-    """One table row per statistic of the scenario, from accepted (R, n) and tokens (R, n, γ+1)."""
+def component_rows(scenario, accepted, tokens, level, rng):
+    """One table row per statistic of the scenario, from accepted (R, n) and tokens (R, n, γ+1);
+    rng randomizes the exact tests."""
     rows = []
     for r, component, k, cells, n_expected in _statistics(scenario):
         events = _events(component, k, accepted[r], tokens[r])
         rows.append(
             {"scenario": scenario.name, "request": r, "component": component}
-            | pearson_test(cells, events, level, _unit(component))
+            | pearson_test(cells, events, level, rng, _unit(component))
             | {"sized for TV": sized_tv(cells, n_expected, level)}
         )
     return rows

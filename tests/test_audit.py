@@ -7,6 +7,7 @@ import pytest
 from scipy import stats
 
 import specdec_core as sc
+from specdec.audit import _pooled_cells
 
 S = sc.USER_SETTINGS
 W = sc.SETTINGS_W
@@ -126,31 +127,98 @@ def test_samples_to_detect_matches_a_simulation():
 
 def test_cauchy_schwarz_sizing_bounds_every_alternative():
     law = sc.scenario_law(sc.audit_scenarios()[0])
-    n, pooled = sc.audit_draws(law, 1e-3 / 9)
     rng = np.random.default_rng(3)
-    for _ in range(20):  # random alternatives at TV exactly 0.02
+    for _ in range(20):  # random alternatives at TV exactly AUDIT_TV
         other = rng.dirichlet(np.ones(law.size))
-        alternative = law + 0.02 * (other - law) / sc.total_variation(other, law)
+        alternative = law + sc.AUDIT_TV * (other - law) / sc.total_variation(other, law)
         drift = ((alternative - law) ** 2 / law).sum()
-        assert n * drift >= 4 * n * 0.02**2 * (1 - 1e-9)
+        assert drift >= 4 * sc.AUDIT_TV**2 * (1 - 1e-9)
 
 
 def power_at_worst_case(law, n, level, pooled):
-    """Noncentral chi-square power of n draws at λ = 4·n·(0.02 − pooled)², the worst case."""
+    """Noncentral chi-square power of n draws at λ = 4·n·(AUDIT_TV − pooled)², the worst case."""
     df = int((law > 0).sum()) - 1
     critical = stats.chi2.isf(level, df)
-    return float(stats.ncx2.sf(critical, df, 4 * n * (0.02 - pooled) ** 2))
+    return float(stats.ncx2.sf(critical, df, 4 * n * (sc.AUDIT_TV - pooled) ** 2))
 
 
 def test_audit_draws_reach_the_promised_power_and_a_quarter_of_them_do_not():
     for scenario in sc.audit_scenarios():
         law = sc.scenario_law(scenario)
-        if (law > 0).sum() < 2:
-            continue  # one possible outcome: only a forbidden outcome can reveal a bug
         n, pooled = sc.audit_draws(law, 1e-3 / 9)
+        if (law > 0).sum() < 2:  # one outcome: n draws see mass AUDIT_TV elsewhere w.p. 0.99
+            assert (1 - sc.AUDIT_TV) ** n <= 0.01 < (1 - sc.AUDIT_TV) ** (n // 4)
+            continue
         assert power_at_worst_case(law, n, 1e-3 / 9, pooled) >= 0.99, scenario.name
         # the control: the same worst case with a quarter of the draws is caught far less often
         assert power_at_worst_case(law, n // 4, 1e-3 / 9, pooled) < 0.9, scenario.name
+
+
+# ---- the exact statistic and the run-wise false-alarm rate ------------------------------------
+
+
+def test_exact_chi_square_has_its_level_at_any_count_and_pearson_does_not():
+    """30 cells expecting 0.5 draws each: the exact statistic rejects at its level, 1e-3, within
+    4 SE (40,000 trials, SE 1.6e-4); Pearson's, on the same counts, far above it."""
+    rng = np.random.default_rng(8)
+    law, n, trials, level = rng.dirichlet(np.ones(30)), 15, 40_000, 1e-3
+    counts = rng.multinomial(n, law, size=trials)
+    critical = stats.chi2.isf(level, 29)
+    exact = sc.exact_chi_square(counts, law, rng.random((trials, 29)))
+    band = 4 * np.sqrt(level * (1 - level) / trials)
+    assert abs((exact > critical).mean() - level) < band
+    pearson = ((counts - n * law) ** 2 / (n * law)).sum(axis=1)  # the negative control
+    assert (pearson > critical).mean() > level + 10 * band
+
+
+def worst_case(law, tv):
+    """An alternative at TV ≈ tv with |a − b|/b the same in every cell, Cauchy–Schwarz's equality:
+    signs balance the mass, largest cells first."""
+    sign, balance = np.empty(law.size), 0.0
+    for i in np.argsort(-law):
+        sign[i] = 1.0 if balance <= 0 else -1.0
+        balance += sign[i] * law[i]
+    alternative = law * (1 + 2 * tv * sign)
+    return alternative / alternative.sum()
+
+
+def test_a_small_scenario_catches_the_worst_case_at_its_tv_and_not_at_a_quarter_of_the_draws():
+    """The sizing's worst case, simulated through the exact statistic: 2,000 trials at the audit's
+    draws reject w.p. ≥ 0.99 − 4 SE (SE 0.0022); at a quarter of the draws, far less often."""
+    law = sc.scenario_law(sc.audit_scenarios()[0])  # 256 outcomes
+    level = sc.AUDIT_LEVEL / len(sc.audit_scenarios())
+    n, pooled = sc.audit_draws(law, level)
+    rng = np.random.default_rng(4)
+    for draws, lowest, highest in ((n, 0.99 - 4 * 0.0022, 1), (n // 4, 0, 0.5)):
+        _, cell_law = _pooled_cells(law, draws)
+        other = worst_case(cell_law, sc.AUDIT_TV - pooled)
+        assert sc.total_variation(other, cell_law) <= sc.AUDIT_TV - pooled + 1e-3
+        counts = rng.multinomial(draws, other, size=2000)
+        stat = sc.exact_chi_square(counts, cell_law, rng.random((2000, cell_law.size - 1)))
+        caught = (stat > stats.chi2.isf(level, cell_law.size - 1)).mean()
+        assert lowest <= caught <= highest, (draws, caught)
+
+
+@pytest.mark.parametrize("suite, runs", [("small", 2000), ("engine", 150)])
+def test_the_run_wise_false_alarm_rate_at_a_level_simulation_can_resolve(suite, runs):
+    """Simulated exact runs at level 0.3 (the audit's code, a reduced size): the share that fails
+    is within 4 SE of the rate of independent statistics (small suite, independent by
+    construction), or below it (engine: lengths and acceptances share draws), and Bonferroni's
+    0.3 bounds it. The negative control: the same band tells level 0.3 from level 0.2."""
+    result = sc.null_false_alarms(suite, runs=runs, seed=5, level=0.3)
+    se = np.sqrt(result["design"] * (1 - result["design"]) / runs)
+    assert result["rate"] <= min(result["design"] + 4 * se, 0.3 + 4 * se)
+    if suite == "small":
+        assert abs(result["rate"] - result["design"]) < 4 * se
+        lower = sc.null_false_alarms(suite, runs=runs, seed=5, level=0.2)
+        assert abs(lower["rate"] - result["design"]) > 4 * se
+    else:
+        assert result["rate"] > result["design"] / 2  # the statistics do fire under the null
+
+
+def test_detectable_says_what_each_suite_was_sized_for():
+    small = sc.detectable(sc.audit_verifier(sc.verify, seed=2))
+    assert f"TV ≥ {sc.AUDIT_TV:g}" in small and "9 scenarios" in small
 
 
 # ---- the audit ----------------------------------------------------------------------------
