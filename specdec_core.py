@@ -21,7 +21,10 @@ name works as `sc.NAME`:
     theory       α, Equation 1, the exact chain, Theorem 3.8, optimal γ       4–5
     pipelines    sampling settings, the bugs real engines shipped             6
     projections  engine-shaped scenarios, exact projections of the output     6
-    audit        `audit_verifier`, its suites, adapters, the command line     6
+    harness      the verifier in a child process; its time limit              6
+    audit        `audit_verifier`, its suites, verifiers with planted bugs    6
+    adapters     HF's and vLLM's interfaces in numpy, adapters, torch         6
+    cli          the audit's command line                                     6
     multidraft   several candidates at one position                           7
     block        block verification, tokens per call of any per-token rule    7
     lossy        verifiers that trade exactness for acceptance                7
@@ -48,7 +51,10 @@ from specdec.stats import *
 from specdec.theory import *
 from specdec.pipelines import *
 from specdec.projections import *
+from specdec.harness import AUDIT_TIMEOUT
 from specdec.audit import *
+from specdec.adapters import *
+from specdec.cli import main
 from specdec.multidraft import *
 from specdec.block import *
 from specdec.lossy import *
@@ -60,7 +66,5 @@ from specdec.figures import *
 
 if __name__ == "__main__":  # python -m specdec_core audit path/to/file.py:function
     import sys
-
-    from specdec.audit import main
 
     sys.exit(main(sys.argv[1:]))

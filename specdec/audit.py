@@ -8,11 +8,7 @@ exact verifier fails the whole audit with probability at most AUDIT_LEVEL over t
 (Bonferroni over every statistic), with no large-sample approximation.
 """
 
-import argparse
 import functools
-import importlib.util
-import inspect
-import sys
 from pathlib import Path
 from typing import NamedTuple
 
@@ -22,6 +18,7 @@ from scipy import stats
 
 from .checks import _check_count
 from .engine import RowSampler
+from .harness import AUDIT_TIMEOUT, Fault, Remote, Sandbox
 from .pipelines import noncentrality_needed
 from .projections import (
     POWER,
@@ -417,7 +414,25 @@ def _chosen(suite, scenarios, drafter):
     return engine_scenarios()
 
 
-def audit_verifier(verify_fn, suite="small", scenarios=None, seed=0, drafter=None):
+def _sandboxed(verify_fn, drafter, timeout):
+    """The sandbox that runs verify_fn and drafter in a child process, and their stand-ins."""
+    if isinstance(verify_fn, Remote):  # already held by a child (the command line's)
+        return None, verify_fn, drafter
+    if not isinstance(timeout, int | float) or isinstance(timeout, bool) or not timeout > 0:
+        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+    sandbox = Sandbox(lambda: {"verifier": verify_fn, "drafter": drafter}, timeout)
+    return sandbox, sandbox.function("verifier"), drafter and sandbox.function("drafter")
+
+
+def _plain_faults(table):
+    """Findings of a failed child process read as what happened, not as a raised exception."""
+    table["finding"] = table["finding"].str.replace(f"raised {Fault.__name__}: ", "")
+    return table
+
+
+def audit_verifier(
+    verify_fn, suite="small", scenarios=None, seed=0, drafter=None, timeout=AUDIT_TIMEOUT
+):
     """Run verify_fn on a suite's scenarios and test the law of what it emits (AuditReport).
 
     Every statistic tests at AUDIT_LEVEL / (number of statistics) (Bonferroni), so an exact
@@ -425,6 +440,8 @@ def audit_verifier(verify_fn, suite="small", scenarios=None, seed=0, drafter=Non
     TV ≥ AUDIT_TV in a scenario fails w.p. ≥ AUDIT_POWER (noncentral chi-square, Cauchy–Schwarz).
     Engine suite: each row states the TV over its cells that it catches w.p. ≥ 0.99.
     With drafter(draft_probs, rng) -> tokens (B, γ), the drafts come from it (end to end).
+    verify_fn and drafter run in a child process (harness.Sandbox), which may take `timeout`
+    seconds in all; one that hangs, exits, is killed or runs out of memory fails its scenario.
     """
     if not callable(verify_fn):
         raise TypeError(f"verify_fn must be callable, got {type(verify_fn).__name__}")
@@ -432,13 +449,16 @@ def audit_verifier(verify_fn, suite="small", scenarios=None, seed=0, drafter=Non
         raise TypeError(f"drafter must be callable, got {type(drafter).__name__}")
     _check_count(seed, "seed")
     chosen = _chosen(suite, scenarios, drafter)
+    sandbox, verify_fn, drafter = _sandboxed(verify_fn, drafter, timeout)
     rng = np.random.default_rng(seed)
     if chosen is None:
         rows = _markov_rows(verify_fn, AUDIT_LEVEL / len(audit_scenarios()), rng)
     else:
         level = AUDIT_LEVEL / sum(len(components(s)) for s in chosen)
         rows = [row for s in chosen for row in _scenario_rows(verify_fn, s, level, rng, drafter)]
-    table = pd.DataFrame(rows, columns=COLUMNS)
+    if sandbox is not None:
+        sandbox.close()
+    table = _plain_faults(pd.DataFrame(rows, columns=COLUMNS))
     table["request"] = table["request"].fillna(0).astype(int)
     return AuditReport(bool(table["passed"].all()), table)
 
@@ -658,157 +678,3 @@ def reusing_drafter(draft_probs, rng):
     drafts = sample_drafter(draft_probs, rng)
     rng.bit_generator.state = state  # the bug: noise shared between drafter and verifier
     return drafts
-
-
-# ---- the two public interface shapes, written in numpy for the book, and their adapters -----
-
-
-def _softmax(logits):
-    """softmax over the last axis, (..., V); −inf logits get probability 0."""
-    z = np.exp(logits - logits.max(axis=-1, keepdims=True))
-    return z / z.sum(axis=-1, keepdims=True)
-
-
-def hf_speculative_sampling(
-    candidate_input_ids, candidate_logits, candidate_length, new_logits, is_done_candidate, rng
-):
-    """Hugging Face's `_speculative_sampling` interface in numpy (batch 1):
-    (valid_tokens (1, n + 1), n_matches). Written for the book from its public signature."""
-    drafts = candidate_input_ids[0, -candidate_length:]  # (γ,)
-    q, p = _softmax(candidate_logits[0]), _softmax(new_logits[0])  # (γ, V), (γ+1, V)
-    at = np.arange(candidate_length)
-    accepted = rng.random(candidate_length) <= p[at, drafts] / q[at, drafts]
-    n = int(np.cumprod(accepted).sum())  # leading acceptances
-    if is_done_candidate and n == candidate_length:  # ended on EOS: no token after it
-        return drafts[None, :n], n - 1
-    weights = p[n] if n == candidate_length else np.maximum(p[n] - q[n], 0)
-    final = _draw(weights[None], rng.random(1))
-    return np.concatenate([drafts[:n], final])[None], n
-
-
-def _log(probs):
-    """log(probs) with −inf at zeros: logits whose softmax is the row."""
-    with np.errstate(divide="ignore"):
-        return np.log(np.asarray(probs, float))
-
-
-def hf_adapter(fn):
-    """A verify_fn from an `_speculative_sampling`-shaped fn, one request at a time.
-
-    fn receives logits log(p), log(q), a one-token prompt before the drafts, and rng when its
-    signature has a parameter of that name; it must draw the final token itself.
-    """
-    takes_rng = "rng" in inspect.signature(fn).parameters
-
-    def verify_fn(target_probs, draft_probs, draft_tokens, rng):
-        """Each request through fn; (accepted (B,), tokens (B, γ+1)) padded with −1."""
-        batch, gamma = draft_tokens.shape
-        tokens, accepted = np.full((batch, gamma + 1), -1), np.empty(batch, dtype=np.int64)
-        for b in range(batch):
-            ids = np.concatenate([[0], draft_tokens[b]])[None]  # (1, 1 + γ): prompt, drafts
-            args = (ids, _log(draft_probs[b])[None], gamma, _log(target_probs[b])[None], False)
-            valid, n = fn(*args, rng=rng) if takes_rng else fn(*args)
-            valid = np.asarray(valid).reshape(-1)
-            accepted[b], tokens[b, : len(valid)] = int(n), valid
-        return accepted, tokens
-
-    return verify_fn
-
-
-def vllm_rejection_sample(
-    draft_token_ids,
-    num_draft_tokens,
-    max_spec_len,
-    cu_num_draft_tokens,
-    draft_probs,
-    target_probs,
-    bonus_token_ids,
-    rng,
-):
-    """vLLM's `rejection_sample` interface in numpy: output_token_ids (B, max_spec_len + 1),
-    −1 after each request's last token. Written for the book from its public signature."""
-    batch, vocab = len(num_draft_tokens), target_probs.shape[1]
-    out = np.full((batch, max_spec_len + 1), -1, dtype=np.int32)
-    race = rng.exponential(size=(batch, vocab))  # one exponential race per request
-    for b in range(batch):
-        start = int(cu_num_draft_tokens[b]) - num_draft_tokens[b]
-        for i in range(num_draft_tokens[b]):
-            x, p, q = draft_token_ids[start + i], target_probs[start + i], draft_probs[start + i]
-            if q[x] > 0 and p[x] / q[x] >= rng.random():
-                out[b, i] = x
-                continue
-            out[b, i] = np.argmax(np.maximum(p - q, 0) / race[b])  # residual, unnormalised
-            break
-        else:
-            out[b, num_draft_tokens[b]] = bonus_token_ids[b, 0]
-    return out
-
-
-def vllm_adapter(fn):
-    """A verify_fn from a `rejection_sample`-shaped fn: flattened drafts, per-request counts,
-    and bonus tokens the adapter draws from p at γ (so the bonus draw itself is not audited)."""
-    takes_rng = "rng" in inspect.signature(fn).parameters
-
-    def verify_fn(target_probs, draft_probs, draft_tokens, rng):
-        """One call of fn on the flattened batch; (accepted (B,), tokens (B, γ+1))."""
-        target_probs, draft_probs = np.asarray(target_probs), np.asarray(draft_probs)
-        batch, gamma = draft_tokens.shape
-        vocab = target_probs.shape[2]
-        counts = [gamma] * batch
-        bonus = _draw(target_probs[:, gamma].astype(float), rng.random(batch))[:, None]  # (B, 1)
-        args = (
-            draft_tokens.reshape(-1),
-            counts,
-            gamma,
-            np.cumsum(counts),
-            draft_probs.reshape(-1, vocab),
-            target_probs[:, :gamma].reshape(-1, vocab),
-            bonus,
-        )
-        out = np.asarray(fn(*args, rng=rng) if takes_rng else fn(*args), dtype=np.int64)
-        return (out != -1).sum(axis=1) - 1, out
-
-    return verify_fn
-
-
-# ---- the command line: python -m specdec_core audit path/to/file.py:function ----------------
-
-
-def _load(target):
-    """The function named by 'path/to/file.py:function'; ValueError saying what is wrong."""
-    path, _, name = target.rpartition(":")
-    if not path or not name or not path.endswith(".py"):
-        raise ValueError(f"need path/to/file.py:function, got {target!r}")
-    if not Path(path).is_file():
-        raise ValueError(f"no such file: {path}")
-    spec = importlib.util.spec_from_file_location(Path(path).stem, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    fn = getattr(module, name, None)
-    if not callable(fn):
-        raise ValueError(f"{path} has no function {name!r}")
-    return fn
-
-
-def main(argv=None):
-    """Audit a verifier from the command line: exit 0 if it passes, 1 if it fails, 2 on misuse."""
-    parser = argparse.ArgumentParser(prog="python -m specdec_core")
-    commands = parser.add_subparsers(dest="command", required=True)
-    audit = commands.add_parser("audit", help="audit a verifier with verify()'s interface")
-    audit.add_argument("target", help="path/to/file.py:function")
-    audit.add_argument("--suite", choices=SUITES, default="small")
-    audit.add_argument("--seed", type=int, default=0)
-    try:
-        args = parser.parse_args(argv)
-    except SystemExit as exit_:  # argparse has printed the usage and the error
-        return int(exit_.code or 0)
-    try:
-        if args.seed < 0:
-            raise ValueError(f"--seed must be >= 0, got {args.seed}")
-        fn = _load(args.target)
-    except Exception as error:  # a usage error, whatever the user's file raised on import
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    report = audit_verifier(fn, suite=args.suite, seed=args.seed)
-    print(report)
-    return 0 if report.passed else 1

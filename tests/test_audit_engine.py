@@ -122,14 +122,19 @@ def test_a_residual_bug_is_named_with_its_id_range(wide):
     assert (failed["exact"] < failed["observed"]).any()  # ids below 1,024 made too often
 
 
-def hf_unclamped(candidate_input_ids, candidate_logits, candidate_length, new_logits, done, rng):
+def hf_unclamped(
+    candidate_input_ids, candidate_logits, candidate_length, new_logits, is_done_candidate, rng
+):
     """The HF-shaped function with PR 28508's bug: softmax of the clamped residual."""
+    from specdec.adapters import _softmax
+    from specdec.audit import _draw
+
     drafts = candidate_input_ids[0, -candidate_length:]
-    q, p = sc._softmax(candidate_logits[0]), sc._softmax(new_logits[0])
+    q, p = _softmax(candidate_logits[0]), _softmax(new_logits[0])
     at = np.arange(candidate_length)
     n = int(np.cumprod(rng.random(candidate_length) <= p[at, drafts] / q[at, drafts]).sum())
     weights = p[n] if n == candidate_length else np.exp(np.maximum(p[n] - q[n], 0))
-    return np.concatenate([drafts[:n], sc._draw(weights[None], rng.random(1))])[None], n
+    return np.concatenate([drafts[:n], _draw(weights[None], rng.random(1))])[None], n
 
 
 def test_an_adapter_passes_a_bug_through(wide):
