@@ -359,6 +359,8 @@ class AuditReport(NamedTuple):
                 )
         if len(failed) > SHOWN_FAILURES:
             lines.append(f"... and {len(failed) - SHOWN_FAILURES} more failed rows in .table")
+        if len(lines) > 1:  # the verdict is the last line too, where a log is read from the end
+            lines.append(lines[0].split(" (")[0])
         return "\n".join(lines)
 
     __str__ = __repr__
