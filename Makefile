@@ -15,6 +15,9 @@ NOTEBOOKS := $(patsubst book/%.md,book/_notebooks/%.ipynb,$(filter book/ch%,$(CH
 export JUPYTER_CONFIG_DIR := $(CURDIR)/$(VENV)/etc/jupyter
 export JUPYTER_DATA_DIR := $(CURDIR)/$(VENV)/share/jupyter
 export JUPYTER_PLATFORM_DIRS := 1
+# IPython's and matplotlib's settings and caches too (the kernels' history, the font cache).
+export IPYTHONDIR := $(CURDIR)/$(VENV)/share/ipython
+export MPLCONFIGDIR := $(CURDIR)/$(VENV)/share/matplotlib
 export PYDEVD_DISABLE_FILE_VALIDATION := 1
 
 .PHONY: all site test figures notebooks lab bench stopwatch race train lint clean distclean pdf

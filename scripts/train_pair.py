@@ -245,8 +245,29 @@ def measures(logp, targets, target_logp):
     }
 
 
+MANIFEST_HASH = "manifest_sha256"  # as in specdec/pair.py, which checks it at load
+
+
+def manifest_digest(manifest):
+    """SHA-256 (hex) of the manifest without MANIFEST_HASH, as canonical JSON: keys sorted, no
+    spaces, UTF-8. The same function as specdec/pair.py's (tests/test_pair_robust.py checks)."""
+    rest = {key: value for key, value in manifest.items() if key != MANIFEST_HASH}
+    text = json.dumps(rest, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def finite_or_exit(path, arrays):
+    """Exit with a message naming the arrays unless every array of {name: array} is finite: a
+    diverged run must not write weights that load_pair would then refuse."""
+    bad = [name for name, array in arrays.items() if not np.isfinite(array).all()]
+    if bad:
+        sys.exit(f"{path}: not written: arrays {bad} hold NaN or inf (training diverged)")
+
+
 def save_npz(path, arrays):
-    """np.savez's format with fixed zip timestamps, so equal arrays give equal bytes."""
+    """np.savez's format with fixed zip timestamps, so equal arrays give equal bytes; refuses
+    non-finite arrays."""
+    finite_or_exit(path, arrays)
     with zipfile.ZipFile(path, "w") as zf:
         for name, array in arrays.items():
             info = zipfile.ZipInfo(f"{name}.npy", date_time=(1980, 1, 1, 0, 0, 0))
@@ -352,6 +373,7 @@ def run(out):
         },
         "total_wall_seconds": round(total, 1),
     }
+    manifest[MANIFEST_HASH] = manifest_digest(json.loads(json.dumps(manifest)))  # as read back
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1, ensure_ascii=False) + "\n")
     log(f"total wall time {total:.1f} s")
     log_file.close()

@@ -14,15 +14,21 @@ prompt, tokens and draft positions need more is refused, so every law here is th
 import hashlib
 import html
 import json
+import math
+import threading
 import time
+import zipfile
+from contextlib import contextmanager
+from numbers import Real
 from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
+from scipy import stats
 from threadpoolctl import threadpool_limits
 
-from .checks import _check_count, _check_rng
-from .rule import EXACT_RULE
+from .checks import _check_count, _check_positive_count, _check_rng
+from .rule import BROKEN_RULES, EXACT_RULE
 from .style import MARKERS, OKABE_ITO, _series, new_figure
 from .theory import expected_tokens
 from .transformer import BLAS_THREADS, Config, Layer, TinyTransformer, _call_costs, softmax_law
@@ -35,21 +41,87 @@ MAX_DRAFTS = 32  # draft positions per step; the 128-position context binds firs
 
 
 # ---- Loading: every file checked against the manifest ----------------------------------------
+# A manifest or a weight file that is not what train_pair.py writes is refused with a ValueError
+# that names the file and what is wrong; no check trusts a field that an earlier one did not pass.
+
+MAX_MODELS = 16  # models a manifest may list (the shipped one lists 5): load time stays bounded
+MAX_FILE_BYTES = 2**30  # bytes of one file the manifest lists: read and hashed in full at load
+MAX_ARRAY_BYTES = 2**28  # bytes one stored array may declare in its header: 256 MiB
+STORAGE = {"float32": np.float32, "float16": np.float16}  # a model's "storage" (default float32)
+REFERENCE_TOLERANCE = 1e-4  # largest |numpy − JAX| logit at load; the shipped ones are ≤ 1.1e-5
+MANIFEST_HASH = "manifest_sha256"  # the field that holds the hash of the rest of the manifest
+CONFIG_KEYS = ("n_layers", "d_model", "n_heads", "ff_mult", "max_len", "vocab_size")
+HEX = set("0123456789abcdef")
+NPY_HEADERS = {(1, 0): np.lib.format.read_array_header_1_0}  # .npy versions a member may have
+NPY_HEADERS[2, 0] = np.lib.format.read_array_header_2_0
 
 
-def _sha256(path):
-    """The file's SHA-256, hex."""
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+def manifest_digest(manifest):
+    """SHA-256 (hex) of the manifest without MANIFEST_HASH, as canonical JSON: keys sorted, no
+    spaces, UTF-8. scripts/train_pair.py writes it; load_pair checks it."""
+    rest = {key: value for key, value in manifest.items() if key != MANIFEST_HASH}
+    text = json.dumps(rest, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def _checked_file(folder, entry):
-    """folder / entry["file"] once it exists and its hash is the manifest's, else a ValueError."""
-    path = folder / entry["file"]
+def _field(mapping, key, kind, path, where):
+    """mapping[key] if it is a `kind` (never a bool), else a ValueError naming path and where."""
+    if not isinstance(mapping, dict):
+        raise ValueError(f"{path}: {where} must be a JSON object, got {type(mapping).__name__}")
+    if key not in mapping:
+        raise ValueError(f"{path}: {where} has no {key!r}")
+    value = mapping[key]
+    if isinstance(value, bool) or not isinstance(value, kind):
+        names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
+        raise ValueError(f"{path}: {where}[{key!r}] must be a {names}, got {value!r:.80}")
+    return value
+
+
+def _read_manifest(folder):
+    """folder/manifest.json as a dict whose hash is the one it records, else a ValueError."""
+    path = folder / "manifest.json"
     if not path.is_file():
-        raise ValueError(f"{path} is missing: the manifest lists it")
-    if _sha256(path) != entry["sha256"]:
-        raise ValueError(f"{path} is corrupt: its sha256 is not the manifest's")
-    return path
+        raise ValueError(f"{path} is missing")
+    if path.stat().st_size > 2**20:
+        raise ValueError(f"{path} is larger than 1 MiB: not a manifest train_pair.py writes")
+    try:
+        manifest = json.loads(path.read_bytes().decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"{path} is not valid JSON: {error}") from None
+    if not isinstance(manifest, dict):
+        raise ValueError(f"{path} must hold a JSON object, got {type(manifest).__name__}")
+    recorded = _field(manifest, MANIFEST_HASH, str, path, "the manifest")
+    if recorded != manifest_digest(manifest):
+        raise ValueError(
+            f"{path} was edited: its {MANIFEST_HASH} is not the hash of the rest of it "
+            "(a config or file hash changed without the manifest being rewritten)"
+        )
+    return manifest, path
+
+
+def _relative_file(entry, path, where):
+    """entry["file"]: a relative path inside the folder (no '..', not absolute), else an error."""
+    name = _field(entry, "file", str, path, where)
+    parts = Path(name).parts
+    if not parts or Path(name).is_absolute() or ".." in parts or "\\" in name:
+        raise ValueError(f"{path}: {where}['file'] must be a relative path, got {name!r}")
+    return name
+
+
+def _checked_file(folder, entry, path, where):
+    """folder / entry["file"] once it exists, fits MAX_FILE_BYTES and has the manifest's hash."""
+    file = folder / _relative_file(entry, path, where)
+    digest = _field(entry, "sha256", str, path, where)
+    if len(digest) != 64 or not set(digest) <= HEX:
+        raise ValueError(f"{path}: {where}['sha256'] must be 64 lowercase hex digits")
+    if not file.is_file():
+        raise ValueError(f"{file} is missing: the manifest lists it")
+    if file.stat().st_size > MAX_FILE_BYTES:
+        raise ValueError(f"{file} is larger than {MAX_FILE_BYTES:,} bytes (MAX_FILE_BYTES)")
+    with file.open("rb") as f:
+        if hashlib.file_digest(f, "sha256").hexdigest() != digest:
+            raise ValueError(f"{file} is corrupt: its sha256 is not the manifest's")
+    return file
 
 
 def _expected_shapes(cfg):
@@ -64,14 +136,91 @@ def _expected_shapes(cfg):
     return shapes
 
 
-def _weights(path, cfg):
-    """(embed, position, layers, final_norm, unembed) from the .npz at path, shapes checked."""
-    with np.load(path) as npz:
-        arrays = {name: npz[name] for name in npz.files}
-    for name, shape in _expected_shapes(cfg).items():
-        got = arrays[name].shape if name in arrays else "missing"
-        if got != shape:
-            raise ValueError(f"{path}: array {name} should have shape {shape}, got {got}")
+def _member_header(zf, info, path, name):
+    """(shape, fortran order, dtype, bytes before the data) from member info's .npy header,
+    read without inflating the data; a ValueError names the file and the member."""
+    where = f"{path}: array {name}"
+    try:
+        with zf.open(info) as f:
+            version = np.lib.format.read_magic(f)
+            if version not in NPY_HEADERS:
+                raise ValueError(f".npy format version {version} (1.0 and 2.0 are read)")
+            shape, fortran, dtype = NPY_HEADERS[version](f, max_header_size=10_000)
+            offset = f.tell()
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile, SyntaxError) as error:
+        raise ValueError(f"{where} does not start with a valid .npy header: {error}") from None
+    if dtype.hasobject or dtype.kind not in "biufc" or dtype.fields is not None:
+        raise ValueError(f"{where} has dtype {dtype}, which needs pickle: refused")
+    n_bytes = math.prod(shape) * dtype.itemsize
+    if n_bytes > MAX_ARRAY_BYTES:
+        raise ValueError(f"{where} declares {n_bytes:,} bytes, past MAX_ARRAY_BYTES")
+    if info.file_size != offset + n_bytes:
+        raise ValueError(
+            f"{where}: its header declares {n_bytes:,} bytes of data, the zip entry holds "
+            f"{info.file_size - offset:,}"
+        )
+    return shape, fortran, dtype, n_bytes
+
+
+def _read_npz(path, expected):
+    """{name: array} of the npz at path, whose members must be exactly name.npy for each name of
+    expected = {name: (shape, dtype)} (a None in a shape matches any length). Every member's
+    header is checked (dtype, shape, declared size) before any data is inflated; an unexpected
+    member is refused by name, unread."""
+    try:
+        zf = zipfile.ZipFile(path)
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, ValueError) as error:
+        raise ValueError(f"{path} is not a valid npz (zip) file: {error}") from None
+    with zf:
+        infos = zf.infolist()
+        names = [info.filename for info in infos]
+        if len(set(names)) != len(names):
+            raise ValueError(f"{path} holds a member twice: {sorted(names)[:8]}")
+        wanted = {f"{name}.npy" for name in expected}
+        extra, missing = sorted(set(names) - wanted), sorted(wanted - set(names))
+        if extra:
+            raise ValueError(f"{path} holds unexpected members (not read): {extra[:8]}")
+        if missing:
+            raise ValueError(f"{path} lacks the arrays {[m[:-4] for m in missing][:8]}")
+        by_name = {info.filename[:-4]: info for info in infos}
+        headers = {}
+        for name, (shape, dtype) in expected.items():
+            headers[name] = header = _member_header(zf, by_name[name], path, name)
+            got, _, got_dtype, _ = header
+            fits = len(got) == len(shape) and all(s in (None, g) for s, g in zip(shape, got))
+            if not fits:
+                raise ValueError(f"{path}: array {name} should have shape {shape}, got {got}")
+            if got_dtype.newbyteorder("=") != np.dtype(dtype):
+                raise ValueError(
+                    f"{path}: array {name} has dtype {got_dtype}, not {np.dtype(dtype)}"
+                )
+        return {name: _member_data(zf, by_name[name], path, headers[name]) for name in expected}
+
+
+def _member_data(zf, info, path, header):
+    """The array of member info, from the data after the header _member_header checked."""
+    shape, fortran, dtype, n_bytes = header
+    try:
+        with zf.open(info) as f:
+            f.seek(info.file_size - n_bytes)
+            data = f.read(n_bytes)
+    except (OSError, EOFError, zipfile.BadZipFile, ValueError) as error:
+        raise ValueError(f"{path}: member {info.filename} cannot be read: {error}") from None
+    if len(data) != n_bytes:
+        raise ValueError(f"{path}: member {info.filename} is truncated")
+    array = np.frombuffer(data, dtype=dtype).reshape(shape, order="F" if fortran else "C")
+    return np.ascontiguousarray(array, dtype=dtype.newbyteorder("="))
+
+
+def _weights(path, cfg, storage="float32"):
+    """(embed, position, layers, final_norm, unembed) as float32 from the .npz at path: only the
+    expected arrays, each stored as `storage` (float32, or float16 upcast here) and finite."""
+    shapes = _expected_shapes(cfg)
+    arrays = _read_npz(path, {name: (shape, STORAGE[storage]) for name, shape in shapes.items()})
+    for name, array in arrays.items():
+        arrays[name] = array = array.astype(np.float32, copy=False)
+        if not np.isfinite(array).all():
+            raise ValueError(f"{path}: array {name} holds NaN or inf")
 
     def norm(prefix):
         return arrays[f"{prefix}_gain"], arrays[f"{prefix}_bias"]
@@ -85,12 +234,120 @@ def _weights(path, cfg):
     return arrays["embed"], arrays["position"], layers, norm("final_norm"), arrays["unembed"]
 
 
-def _config(entry):
-    """The manifest's config of a trained model as chapter 8's Config (float32, no seed)."""
-    c = entry["config"]
-    sizes = dict(d_model=c["d_model"], n_layers=c["n_layers"], n_heads=c["n_heads"])
-    sizes |= dict(ff_mult=c["ff_mult"], max_len=c["max_len"])
-    return Config(**sizes, n_inputs=c["vocab_size"], n_outputs=c["vocab_size"])
+def _config(entry, vocab, path, name):
+    """The manifest's config of model `name` as chapter 8's Config (float32, no seed), checked:
+    positive ints, d_model divisible by n_heads, vocab_size the vocabulary's length."""
+    where = f"models[{name!r}]"
+    c = _field(entry, "config", dict, path, where)
+    unknown = sorted(set(c) - set(CONFIG_KEYS))
+    if unknown:
+        raise ValueError(f"{path}: {where}['config'] has unknown keys {unknown}")
+    sizes = {key: _field(c, key, int, path, f"{where}['config']") for key in CONFIG_KEYS}
+    if sizes["vocab_size"] != len(vocab):
+        raise ValueError(
+            f"{path}: {where}['config']['vocab_size'] is {sizes['vocab_size']}, but the "
+            f"vocabulary holds {len(vocab)} characters"
+        )
+    vocab_size = sizes.pop("vocab_size")
+    try:
+        return Config(**sizes, n_inputs=vocab_size, n_outputs=vocab_size)
+    except ValueError as error:
+        raise ValueError(f"{path}: {where}['config']: {error}") from None
+
+
+def _storage(entry, path, name):
+    """A model's storage dtype: the manifest's "storage" field, float32 when it has none."""
+    storage = entry.get("storage", "float32")
+    if storage not in STORAGE:
+        raise ValueError(f"{path}: models[{name!r}]['storage'] must be one of {list(STORAGE)}")
+    return storage
+
+
+def _corpus(folder, manifest, path):
+    """(vocabulary, ids of the corpus, split index, text) from the manifest's corpus entry:
+    the file beside folder, its hash, a sorted vocabulary of distinct characters that holds
+    every character of the text, and a split that leaves text on both sides."""
+    corpus = _field(manifest, "corpus", dict, path, "the manifest")
+    vocab = _field(corpus, "vocabulary", str, path, "corpus")
+    split = _field(corpus, "split_index", int, path, "corpus")
+    if not vocab or list(vocab) != sorted(set(vocab)):
+        raise ValueError(
+            f"{path}: corpus['vocabulary'] must be distinct characters in sorted order "
+            "(a character's id is its index)"
+        )
+    file = _checked_file(folder.parent, corpus, path, "corpus")
+    try:
+        text = file.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise ValueError(f"{file} is not UTF-8 text: {error}") from None
+    table = np.frombuffer(vocab.encode("utf-32-le"), dtype=np.uint32)  # code points, sorted
+    codes = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
+    ids = np.minimum(np.searchsorted(table, codes), len(table) - 1)
+    if not np.array_equal(table[ids], codes):
+        raise ValueError(f"{file} holds characters outside corpus['vocabulary']")
+    if not 2 <= split < len(text):
+        raise ValueError(f"{path}: corpus['split_index'] must lie in [2, {len(text)})")
+    return vocab, ids.astype(np.int64), split, text
+
+
+def _models(folder, manifest, path, vocab):
+    """{name: TinyTransformer} of the manifest's models, each file and config checked."""
+    entries = _field(manifest, "models", dict, path, "the manifest")
+    if not 1 <= len(entries) <= MAX_MODELS:
+        raise ValueError(f"{path}: the manifest must list 1 to {MAX_MODELS} models (MAX_MODELS)")
+    if "target" not in entries:
+        raise ValueError(f"{path}: the manifest lists no model named 'target'")
+    models = {}
+    for name, entry in entries.items():
+        if name in ("unigram", "bigram"):
+            raise ValueError(f"{path}: models[{name!r}]: the name is the count draft's")
+        config = _config(entry, vocab, path, name)
+        file = _checked_file(folder, entry, path, f"models[{name!r}]")
+        weights = _weights(file, config, _storage(entry, path, name))
+        models[name] = TinyTransformer(config, 1, weights)
+    context = models["target"].config.max_len
+    for name, model in models.items():
+        if model.config.max_len != context:
+            raise ValueError(
+                f"{path}: models[{name!r}] knows {model.config.max_len} positions, the target "
+                f"{context}: every model of a pair must know the same"
+            )
+    return models
+
+
+def _check_reference(folder, manifest, path, models):
+    """Raise unless each model's numpy logits on the stored inputs lie within
+    REFERENCE_TOLERANCE of the stored JAX logits: weights and config are those trained."""
+    entry = _field(manifest, "reference_logits", dict, path, "the manifest")
+    file = _checked_file(folder, entry, path, "reference_logits")
+    target = models["target"].config
+    expected = {"ids": ((None, None), np.int64)}
+    expected |= {name: ((None, None, target.n_outputs), np.float32) for name in models}
+    arrays = _read_npz(file, expected)
+    with threadpool_limits(limits=BLAS_THREADS, user_api="blas"):  # tiny products: 1 thread
+        _compare_logits(file, arrays, models)
+
+
+def _compare_logits(file, arrays, models):
+    """_check_reference's comparison, given the stored arrays."""
+    target = models["target"].config
+    ids = arrays["ids"]
+    if not (1 <= ids.shape[0] <= 64 and 1 <= ids.shape[1] <= target.max_len):
+        raise ValueError(f"{file}: array ids must be (1..64, 1..{target.max_len}), got {ids.shape}")
+    if ids.min() < 0 or ids.max() >= target.n_inputs:
+        raise ValueError(f"{file}: array ids must lie in [0, {target.n_inputs})")
+    for name, model in models.items():
+        logits = arrays[name]
+        if logits.shape[:2] != ids.shape or not np.isfinite(logits).all():
+            raise ValueError(f"{file}: array {name} must be finite, of shape {ids.shape} + (V,)")
+        model.reset(*ids.shape)
+        gap = float(np.abs(model.forward(ids) - logits).max())
+        if not gap <= REFERENCE_TOLERANCE:
+            raise ValueError(
+                f"{file}: model {name}'s numpy logits differ from the stored JAX logits by "
+                f"{gap:.3g}, past {REFERENCE_TOLERANCE:g}: its weights or its config are not "
+                "the ones trained"
+            )
 
 
 class CountModel:
@@ -151,20 +408,15 @@ def count_laws(ids, vocab):
 
 
 def load_pair(folder=WEIGHTS):
-    """The shipped pair, numpy only: every file checked against folder/manifest.json."""
+    """The shipped pair, numpy only: every file checked against folder/manifest.json (its own
+    hash, each file's sha256, each array's header, dtype, shape and finiteness, the configs,
+    and each model's logits against the stored reference), else a ValueError naming the file."""
     folder = Path(folder)
-    manifest_path = folder / "manifest.json"
-    if not manifest_path.is_file():
-        raise ValueError(f"{manifest_path} is missing")
-    manifest = json.loads(manifest_path.read_text())
-    corpus = manifest["corpus"]
-    text = _checked_file(folder.parent, corpus).read_text(encoding="utf-8")  # beside weights/
-    vocab, split = corpus["vocabulary"], corpus["split_index"]
-    unigram, bigram = count_laws(np.array([vocab.index(ch) for ch in text[:split]]), len(vocab))
-    models = {}
-    for name, entry in manifest["models"].items():
-        config = _config(entry)
-        models[name] = TinyTransformer(config, 1, _weights(_checked_file(folder, entry), config))
+    manifest, path = _read_manifest(folder)
+    vocab, ids, split, text = _corpus(folder, manifest, path)  # the corpus sits beside weights/
+    models = _models(folder, manifest, path, vocab)
+    _check_reference(folder, manifest, path, models)
+    unigram, bigram = count_laws(ids[:split], len(vocab))
     drafts = {"unigram": CountModel(unigram), "bigram": CountModel(bigram)}
     drafts |= {name: model for name, model in models.items() if name != "target"}
     return Pair(vocab, models["target"], drafts, text[split:], manifest)
@@ -184,14 +436,32 @@ class Run(NamedTuple):
     calls: int  # target calls (one per step)
 
 
+IN_USE = "this Pair is in use by another thread; make one Pair per thread with load_pair()"
+
+
 class Pair:
-    """The shipped target and drafts, the vocabulary and the held-out text."""
+    """The shipped target and drafts, the vocabulary and the held-out text.
+
+    The models keep their KV caches on themselves, so one Pair generates for one thread at a
+    time: `generate`, `run` and `generation_test` called from a second thread while a first is
+    inside them raise a RuntimeError (IN_USE) rather than mix the two threads' caches."""
 
     def __init__(self, vocab, target, drafts, heldout_text, manifest):
         self.vocab, self.target, self.drafts = list(vocab), target, drafts
         self.heldout_text, self.manifest = heldout_text, manifest
         self.index = {ch: i for i, ch in enumerate(self.vocab)}
         self.context = target.config.max_len  # positions the models know
+        self._lock = threading.RLock()  # shared with every BrokenPair made from this one
+
+    @contextmanager
+    def _exclusive(self):
+        """Hold this Pair's models for the calling thread, or raise IN_USE at once."""
+        if not self._lock.acquire(blocking=False):
+            raise RuntimeError(IN_USE)
+        try:
+            yield
+        finally:
+            self._lock.release()
 
     def encode(self, text):
         """Token ids (n,) of a string; characters outside the vocabulary raise a ValueError."""
@@ -219,7 +489,7 @@ class Pair:
     def run(self, prompt_ids, n_tokens, gamma, rng, draft=None, temperature=1.0, record=False):
         """`generate`, keeping where each token came from, and with record=True what each target
         call saw (β and min(1, p/q) of every draft: bookkeeping that plain generation skips)."""
-        with threadpool_limits(limits=BLAS_THREADS, user_api="blas"):  # tiny products: 1 thread
+        with self._exclusive(), threadpool_limits(limits=BLAS_THREADS, user_api="blas"):
             return self._run(prompt_ids, n_tokens, gamma, rng, draft, temperature, record)
 
     def _run(self, prompt_ids, n_tokens, gamma, rng, draft, temperature, record):
@@ -229,21 +499,30 @@ class Pair:
         _check_count(gamma, "gamma", MAX_DRAFTS, "draft positions per target call")
         _check_rng(rng)
         softmax_law(np.zeros(1), temperature)  # checks the temperature
-        if draft is not None and draft not in self.drafts:
+        if draft is not None and (not isinstance(draft, str) or draft not in self.drafts):
             raise ValueError(f"draft must be None or one of {sorted(self.drafts)}, got {draft!r}")
-        gamma = 0 if draft is None else gamma
+        n_tokens, gamma = int(n_tokens), 0 if draft is None else int(gamma)  # numpy ints too
         width = prompt.shape[1] + n_tokens + gamma  # positions a row's cache may reach, and 1
         if width > self.context:
             raise ValueError(
                 f"prompt length + n_tokens + gamma = {width} exceeds the {self.context} "
                 "positions the models know (no window slides, so the law stays the trained one)"
             )
-        models = (self.target,) if draft is None else (self.target, self.drafts[draft])
+        models = self._models(draft)
         for model in models:
             _prime(model, prompt, width)
         if draft is None:
-            return _plain(self.target, prompt, n_tokens, rng, temperature)
-        return _speculative(*models, prompt, n_tokens, gamma, rng, temperature, record)
+            return _plain(models[0], prompt, n_tokens, rng, temperature)
+        args = prompt, n_tokens, gamma, rng, temperature, record, self._verify
+        return _speculative(*models, *args)
+
+    def _models(self, draft):
+        """The models a run calls: the target, then the draft's model unless draft is None."""
+        return (self.target,) if draft is None else (self.target, self.drafts[draft])
+
+    def _verify(self, target_probs, draft_probs, draft_tokens, rng):
+        """The verifier a run calls: the book's `verify`."""
+        return verify(target_probs, draft_probs, draft_tokens, rng)
 
     def _check_prompt(self, prompt_ids):
         """prompt_ids as (B, T ≥ 1) int64 ids; a 1-D prompt is one row."""
@@ -272,15 +551,17 @@ def _plain(target, prompt, n_tokens, rng, temperature):
     batch = len(prompt)
     tokens, last = np.zeros((batch, n_tokens), dtype=np.int64), prompt[:, -1:]
     for i in range(n_tokens):
-        tokens[:, i] = _sample_rows(softmax_law(target.forward(last)[:, 0], temperature), rng)
+        tokens[:, i] = _sample(softmax_law(target.forward(last)[:, 0], temperature), rng)
         last = tokens[:, i : i + 1]
     accepted = np.zeros((n_tokens, batch), dtype=np.int64)
     return Run(tokens, np.full((batch, n_tokens), PLAIN, np.int8), accepted, None, None, n_tokens)
 
 
-def _speculative(target, draft, prompt, n_tokens, gamma, rng, temperature, record=False):
-    """Speculative decoding with `verify`: γ draft calls, then one target call, per step; a row
-    leaves the batch (and the models' caches) once it has n_tokens."""
+def _speculative(
+    target, draft, prompt, n_tokens, gamma, rng, temperature, record=False, check=verify
+):
+    """Speculative decoding with `check` (the book's `verify`): γ draft calls, then one target
+    call, per step; a row leaves the batch (and the models' caches) once it has n_tokens."""
     (batch, start), end = prompt.shape, prompt.shape[1] + n_tokens
     seq = np.zeros((batch, end + gamma + 1), dtype=np.int64)  # prompt, then emitted tokens
     seq[:, :start] = prompt
@@ -293,7 +574,7 @@ def _speculative(target, draft, prompt, n_tokens, gamma, rng, temperature, recor
         drafts, q = _draft(draft, seq[live], f, gamma, rng, temperature, target.config.n_outputs)
         ids = np.concatenate([seq[live, f - 1][:, None], drafts], axis=1)  # (b, γ + 1)
         p = softmax_law(target.forward(ids), temperature)  # (b, γ + 1, V): one call
-        accepted, emitted = verify(p, q, drafts, rng)
+        accepted, emitted = check(p, q, drafts, rng)
         target.rollback(f + accepted)  # keep the last token and the kept drafts
         if gamma:  # the draft was fed the last token and γ − 1 drafts: keep those kept
             draft.rollback(f + np.minimum(accepted, gamma - 1))
@@ -342,8 +623,16 @@ def _draft(draft, seq, filled, gamma, rng, temperature, vocab):
         if i:
             logits = draft.forward(tokens[:, i - 1 : i])[:, 0]
         laws[:, i] = softmax_law(logits, temperature)
-        tokens[:, i] = _sample_rows(laws[:, i], rng)
+        tokens[:, i] = _sample(laws[:, i], rng)
     return tokens, laws
+
+
+def _sample(laws, rng):
+    """One draw from each row of laws (B, V), refusing a row that is not finite with mass: an
+    all-NaN row would otherwise give token 0."""
+    if not np.isfinite(laws).all() or not (laws.sum(axis=1) > 0).all():
+        raise ValueError("a model's law holds NaN or inf, or has no mass: nothing to sample")
+    return _sample_rows(laws, rng)
 
 
 def plain(model, prompt_ids, n_tokens, rng, temperature=1.0):
@@ -352,6 +641,7 @@ def plain(model, prompt_ids, n_tokens, rng, temperature=1.0):
     prompt = prompt[None] if prompt.ndim == 1 else prompt
     _check_count(n_tokens, "n_tokens")
     _check_rng(rng)
+    n_tokens = int(n_tokens)  # a numpy integer too
     known = model.config.max_len if isinstance(model, TinyTransformer) else float("inf")
     if prompt.shape[1] + n_tokens > known:
         raise ValueError(
@@ -419,6 +709,23 @@ def _two_tokens(p1, q1, p2, q2, n, rng, rule):
     return out
 
 
+MIN_EXPECTED = 5  # pooled_chi_square: cells expecting fewer draws are pooled into one
+
+
+def pooled_chi_square(counts, law):
+    """(p-value, degrees of freedom) of Pearson's test of counts (K,) against law (K,), with the
+    cells expecting fewer than MIN_EXPECTED draws pooled into one (chapter 9's law tests)."""
+    counts, law = np.asarray(counts, dtype=float), np.asarray(law, dtype=float)
+    expected = counts.sum() * law
+    big = expected >= MIN_EXPECTED
+    observed = np.append(counts[big], counts[(law > 0) & ~big].sum())
+    expected = np.append(expected[big], expected[(law > 0) & ~big].sum())
+    keep = expected > 0
+    stat = float(((observed[keep] - expected[keep]) ** 2 / expected[keep]).sum())
+    df = int(keep.sum()) - 1
+    return float(stats.chi2.sf(stat, df)), df
+
+
 def tokens_per_call(run):
     """Tokens per target call of a speculative Run, measured and predicted, each as (mean, s.e.)
     over rows: Eq. 1 at the run's α; Σ_i Π_{j≤i} β_j of each step; Σ_i Π_{j≤i} min(1, p/q) of
@@ -443,6 +750,244 @@ def tokens_per_call(run):
         "alpha": alpha,
         "Eq. 1": expected_tokens(alpha, run.betas.shape[-1]),
     }
+
+
+# ---- Exactness through the real models: generation_test and its negative controls -------------
+# Under exactness every emitted token is a draw from the target's law given its prefix, so the
+# randomized probability integral transform of every token is i.i.d. uniform (Rosenblatt, 1952),
+# whatever the prompt, the position or the path (kept draft, residual or bonus) it came from.
+
+GENERATION_LEVEL = 1e-3  # generation_test's level: a correct pipeline fails it this often, by seed
+MAX_TEST_PROMPTS = 2048  # prompts of one generation_test: its KV caches stay under 1 GiB
+PIT_BINS = 20  # GenerationTest.counts: PIT values in each twentieth of [0, 1]
+
+
+class GenerationTest(NamedTuple):
+    """generation_test's verdict, and what ran."""
+
+    p_value: float  # Kolmogorov–Smirnov test of the PIT values against uniform on [0, 1]
+    passed: bool  # p_value > level
+    level: float
+    statistic: float  # the KS distance D = sup |empirical CDF − u|
+    n_values: int  # PIT values tested: one per emitted token, n_prompts · n_tokens
+    counts: np.ndarray  # (PIT_BINS,) PIT values in each equal bin of [0, 1]
+    draft: str | None
+    gamma: int
+    seed: int
+    n_prompts: int
+    n_tokens: int
+    prompt_length: int
+    temperature: float
+    calls: int  # target calls of the run
+    min_rollbacks: int  # rollbacks of the row with fewest: steps that discarded a draft
+    tokens_per_call: float  # tokens a target call emitted, averaged over the run's steps
+    test: str  # what was tested, in words
+
+
+def pit_values(laws, tokens, uniforms, key):
+    """The randomized PIT u = F(x−) + U·p(x) of each token x (…) under its law p (…, V), with
+    U (…) uniform: F(x−) is the mass of the tokens before x when they are sorted by key (…, V)
+    ascending, ties by index. If each x is drawn from its p given everything before it, the u
+    are i.i.d. uniform on [0, 1] (Rosenblatt), for any key that the past fixes."""
+    p_x = np.take_along_axis(laws, tokens[..., None], axis=-1)  # (…, 1)
+    k_x = np.take_along_axis(key, tokens[..., None], axis=-1)
+    before = (key < k_x) | ((key == k_x) & (np.arange(laws.shape[-1]) < tokens[..., None]))
+    return (laws * before).sum(axis=-1) + uniforms * p_x[..., 0]
+
+
+def _fresh_laws(target, sequences, prompt_length, temperature, chunk=64):
+    """The target's law (B, n, V) of each token after the prompt, given its prefix, from one
+    forward call over each sequence (B, prompt_length + n) from an empty cache: no rollback."""
+    out = []
+    for start in range(0, len(sequences), chunk):
+        inputs = sequences[start : start + chunk, :-1]
+        target.reset(len(inputs), inputs.shape[1])
+        out.append(softmax_law(target.forward(inputs)[:, prompt_length - 1 :], temperature))
+    return np.concatenate(out)
+
+
+def generation_test(
+    pair,
+    draft,
+    gamma,
+    seed=0,
+    n_prompts=256,
+    n_tokens=64,
+    prompt_length=16,
+    temperature=1.0,
+    level=GENERATION_LEVEL,
+):
+    """Test that `pair.run` with this draft and γ emits the target's law, through the real path:
+    n_prompts held-out prompts of prompt_length characters (seeded offsets) in one batch, each
+    run for n_tokens with the KV caches, their rollbacks and rows leaving the batch. A fresh
+    forward call of the target over each output gives every token's law given its prefix; the
+    PIT values of all tokens (pit_values, their uniforms from a stream of their own) are tested
+    against uniform by one Kolmogorov–Smirnov test. The tokens are sorted by q/p, the ratio of a
+    fresh call of the draft's law to the target's at each prefix (q uniform when draft is None):
+    any order the prefix fixes keeps the test exact, and this one puts the tokens a draft-side
+    bug over-emits, where q > p, together near u = 1. A GenerationTest; seed fixes all three
+    streams (prompts, generation, PIT)."""
+    if not isinstance(pair, Pair):
+        raise TypeError(f"pair must be a Pair (from load_pair()), got {type(pair).__name__}")
+    _check_count(seed, "seed")
+    why = "the batch's KV caches stay under 1 GiB"
+    _check_positive_count(n_prompts, "n_prompts", MAX_TEST_PROMPTS, why)
+    _check_positive_count(n_tokens, "n_tokens")
+    _check_positive_count(prompt_length, "prompt_length", pair.context - 1, "context - 1")
+    if isinstance(level, bool) or not isinstance(level, Real) or not 0 < level < 1:
+        raise ValueError(f"level must be a number in (0, 1), got {level!r}")
+    seed, n_prompts, prompt_length = int(seed), int(n_prompts), int(prompt_length)
+    streams = [np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(3)]
+    heldout = pair.encode(pair.heldout_text)
+    starts = streams[0].integers(0, len(heldout) - prompt_length + 1, n_prompts)
+    prompts = heldout[starts[:, None] + np.arange(prompt_length)]
+    with pair._exclusive():  # the run and the fresh call hold the target's cache in turn
+        run = pair.run(prompts, n_tokens, gamma, streams[1], draft, temperature)
+        with threadpool_limits(limits=BLAS_THREADS, user_api="blas"):
+            sequences = np.concatenate([prompts, run.tokens], axis=1)
+            laws = _fresh_laws(pair.target, sequences, prompt_length, temperature)
+            fresh = (pair.drafts[draft], sequences, prompt_length, temperature)
+            q = _fresh_laws(*fresh) if draft else 1.0  # no draft: q uniform, so p descending
+    with np.errstate(divide="ignore", invalid="ignore"):  # p = 0: never drawn under exactness
+        key = q / laws
+    u = pit_values(laws, run.tokens, streams[2].random(run.tokens.shape), key).ravel()
+    ks = stats.kstest(u, "uniform")
+    active = run.accepted >= 0  # (steps, B)
+    rollbacks = (active & (run.accepted < gamma)).sum(axis=0) if draft else np.zeros(1, int)
+    return GenerationTest(
+        p_value=float(ks.pvalue),
+        passed=bool(ks.pvalue > level),
+        level=float(level),
+        statistic=float(ks.statistic),
+        n_values=int(u.size),
+        counts=np.histogram(u, bins=PIT_BINS, range=(0, 1))[0],
+        draft=draft,
+        gamma=int(gamma) if draft else 0,
+        seed=seed,
+        n_prompts=n_prompts,
+        n_tokens=int(n_tokens),
+        prompt_length=prompt_length,
+        temperature=float(temperature),
+        calls=run.calls,
+        min_rollbacks=int(rollbacks.min()),
+        tokens_per_call=float((run.accepted[active] + 1).mean()) if draft else 1.0,
+        test=(
+            f"Kolmogorov–Smirnov test of {u.size:,} randomized PIT values (tokens in order of "
+            f"q/p at each prefix) against uniform on [0, 1], at the level {level:g}"
+        ),
+    )
+
+
+BUGS = {  # BrokenPair's planted bugs: each changes one piece of the generation loop
+    "stale target position": "the target's rollback keeps one stale position: the last one kept "
+    "holds the keys and values of the first one discarded",
+    "draft cache not rolled back": "the draft's cache is never rolled back: it drafts on after "
+    "every token it was fed, the rejected drafts included",
+    "residual from p": "after a rejection the token is drawn from p, not norm(max(0, p − q))",
+    "one uniform": "one uniform for all γ ratio tests of a step",
+    "q row off by one": "the ratio and the residual at draft i use the law that drew draft i + 1 "
+    "(the last draft its own)",
+}
+
+
+class BrokenPair(Pair):
+    """A Pair with one of BUGS planted, for generation_test's negative controls: it shares the
+    pair's models (and its lock) and runs the same generation loop, with one piece changed."""
+
+    def __init__(self, pair, bug):
+        if not isinstance(pair, Pair):
+            raise TypeError(f"pair must be a Pair, got {type(pair).__name__}")
+        if bug not in BUGS:
+            raise ValueError(f"bug must be one of {sorted(BUGS)}, got {bug!r}")
+        self.__dict__.update(pair.__dict__)
+        self.bug = bug
+
+    def _models(self, draft):
+        """The pair's models, the target or the draft wrapped by the bug."""
+        models = super()._models(draft)
+        if self.bug == "stale target position":
+            return (_StaleRollback(models[0]), *models[1:])
+        if self.bug == "draft cache not rolled back" and draft is not None:
+            return (models[0], _NoRollback(models[1]))
+        return models
+
+    def _verify(self, target_probs, draft_probs, draft_tokens, rng):
+        """The book's `verify`, or the bug's verifier."""
+        rule = {"residual from p": "resample from p", "one uniform": "one uniform"}.get(self.bug)
+        if rule:  # chapter 3's broken rules
+            return _verify(target_probs, draft_probs, draft_tokens, rng, BROKEN_RULES[rule])
+        if self.bug == "q row off by one":
+            draft_probs = np.concatenate([draft_probs[:, 1:], draft_probs[:, -1:]], axis=1)
+        return verify(target_probs, draft_probs, draft_tokens, rng)
+
+
+class _StaleRollback:
+    """A transformer whose rollback keeps one stale position: after forgetting positions, the
+    last position kept holds the keys and values of the first one forgotten."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def __getattr__(self, name):
+        return getattr(self.model, name)
+
+    def rollback(self, lengths):
+        """The model's rollback, then the stale copy into the last position kept."""
+        model = self.model
+        before = model.lengths.copy()
+        model.rollback(lengths)
+        rows = np.flatnonzero((model.lengths < before) & (model.lengths >= 1))
+        kept = model.lengths[rows]
+        for cache in (model.keys, model.values):  # (L, B, length, d)
+            cache[:, rows, kept - 1] = cache[:, rows, kept]
+
+
+class _NoRollback:
+    """A draft whose cache is never rolled back: the loop sees the lengths it asks for, while the
+    model goes on from every token it was fed. When the model's cache is full, it starts again
+    from the last half of what it was fed (a count draft has no cache: no change)."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def __getattr__(self, name):
+        return getattr(self.model, name)
+
+    @property
+    def batch(self):
+        """Number of sequences."""
+        return len(self.lengths)
+
+    def reset(self, batch=1, length=None):
+        """Empty the cache with room for the longest the model knows."""
+        self.model.reset(batch)
+        self.lengths = np.zeros(batch, dtype=np.int64)
+        self.fed = np.zeros((batch, 0), dtype=np.int64)
+
+    def rollback(self, lengths):
+        """Only the lengths the loop sees."""
+        self.lengths = np.broadcast_to(np.asarray(lengths, dtype=np.int64), self.lengths.shape)
+
+    def select(self, rows):
+        """Keep only the sequences where rows (B,) is True."""
+        self.model.select(rows)
+        self.lengths, self.fed = self.lengths[rows], self.fed[rows]
+
+    def prefill(self, ids):
+        """Cache ids (B, n)."""
+        self.model.prefill(ids)
+        self.lengths, self.fed = self.lengths + ids.shape[1], np.asarray(ids)
+
+    def forward(self, ids):
+        """Logits (B, n, V) after everything fed so far, then ids (B, n)."""
+        ids = np.asarray(ids)
+        room = getattr(self.model, "keys", np.zeros((0, 0, 1 << 30))).shape[2]
+        if self.model.lengths.max() + ids.shape[1] > room:
+            self.model.reset(self.batch)
+            self.model.forward(self.fed[:, -(room // 2) :])
+        self.lengths = self.lengths + ids.shape[1]
+        self.fed = np.concatenate([self.fed, ids], axis=1)
+        return self.model.forward(ids)
 
 
 # ---- Held-out text: α, β and the loss along real contexts --------------------------------------

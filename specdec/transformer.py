@@ -135,12 +135,27 @@ def _softmax(x):
 
 
 def softmax_law(logits, temperature=1.0):
-    """softmax(logits / T) over the last axis, in float64: the sampling law at temperature T."""
+    """softmax(logits / T) over the last axis, in float64: the sampling law at temperature T.
+
+    Logits may be −inf (a token of probability 0), never NaN or +inf, and a row needs one finite
+    logit. Where logits / T overflows (T below about 1e-306 for logits of order 1), the law is
+    its exact limit as T → 0: the argmax, ties split uniformly."""
     if isinstance(temperature, bool) or not isinstance(temperature, Real) or not temperature > 0:
         raise ValueError(f"temperature must be a positive number, got {temperature!r}")
     if not math.isfinite(temperature):
         raise ValueError(f"temperature must be finite, got {temperature!r}")
-    return _softmax(np.asarray(logits, dtype=np.float64) / float(temperature))
+    logits = np.asarray(logits, dtype=np.float64)
+    top = logits.max(axis=-1, keepdims=True) if logits.size else logits
+    if np.isnan(top).any() or np.isposinf(top).any():
+        raise ValueError("logits hold NaN or +inf: the model's weights or inputs are not finite")
+    if np.isneginf(top).any():
+        raise ValueError("a row of logits is all −inf: no token has positive probability")
+    with np.errstate(over="ignore"):
+        scaled = logits / float(temperature)
+    if np.isposinf(scaled).any():  # overflow: softmax is shift-invariant, so shift first
+        with np.errstate(over="ignore"):
+            scaled = (logits - top) / float(temperature)  # 0 at the argmax, else −large or −inf
+    return _softmax(scaled)
 
 
 def _init_weights(config):
@@ -224,10 +239,9 @@ class TinyTransformer:
         self.lengths = np.zeros(len(unique), dtype=np.int64)
         self.forward(unique)
         n, inverse = ids.shape[1], inverse.ravel()
-        for small, big in zip((self.keys.copy(), self.values.copy()), full):  # (L, U, ...)
-            for u in range(len(unique)):
-                rows = slice(None) if len(unique) == 1 else inverse == u  # a slice copies fast
-                big[:, rows, :n] = small[:, u : u + 1, :n]  # its rows get its cache
+        rows = [a[:, inverse, :n] for a in (self.keys, self.values)]  # (L, B, n, d): copies
+        for big, small in zip(full, rows):
+            big[:, :, :n] = small  # each row gets its distinct prompt's cache
         self.keys, self.values = full
         self.lengths = np.full(len(ids), ids.shape[1], dtype=np.int64)
 

@@ -9,12 +9,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from scipy import stats
 
 import specdec.pair
 import specdec_core as sc
-from specdec.audit import _pearson_pooled
-from specdec.pair import WEIGHTS, load_pair, rows_after
+from specdec.pair import WEIGHTS, load_pair, pooled_chi_square, rows_after
 from specdec.verify import _verify
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -27,8 +25,7 @@ LEVEL = 1e-3  # each law test: a correct sampler fails it with probability 1e-3 
 def p_value(tokens, law):
     """Pearson's test of two-token draws (n, 2) against a law (V, V), sparse cells pooled."""
     counts = np.bincount(tokens[:, 0] * V + tokens[:, 1], minlength=V * V)
-    stat, df = _pearson_pooled(counts, law.ravel())
-    return stats.chi2.sf(stat, df)
+    return pooled_chi_square(counts, law.ravel())[0]
 
 
 def target_joint(temperature=1.0):
@@ -82,6 +79,7 @@ def test_a_weight_of_the_wrong_shape_is_refused_by_name(tmp_path):
     manifest = json.loads((folder / "manifest.json").read_text())
     digest = hashlib.sha256((folder / "draft1-500.npz").read_bytes()).hexdigest()
     manifest["models"]["draft1-500"]["sha256"] = digest
+    manifest["manifest_sha256"] = specdec.pair.manifest_digest(manifest)  # rewritten in full
     (folder / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(ValueError, match=r"draft1-500.npz: array layer0_w_o should have shape"):
         load_pair(folder)
