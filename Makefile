@@ -20,7 +20,7 @@ export IPYTHONDIR := $(CURDIR)/$(VENV)/share/ipython
 export MPLCONFIGDIR := $(CURDIR)/$(VENV)/share/matplotlib
 export PYDEVD_DISABLE_FILE_VALIDATION := 1
 
-.PHONY: all site test figures notebooks lab bench stopwatch race train lint clean distclean pdf
+.PHONY: all site test figures notebooks lab bench stopwatch race train train-large lint clean distclean pdf
 
 all: site
 
@@ -119,6 +119,11 @@ $(TRAIN_BIN)/.installed: requirements-train.txt
 
 train: $(TRAIN_BIN)/.installed
 	$(TRAIN_BIN)/python scripts/train_pair.py --check _build/train
+
+## make train-large: retrain chapter 9's bandwidth-bound target (4 × 512, float16-stored) into
+## _build/train-large and compare its losses and every draft's α with the shipped manifest
+train-large: $(TRAIN_BIN)/.installed
+	$(TRAIN_BIN)/python scripts/train_large.py --check _build/train-large
 
 ## make lint: ruff (check and format) over the core, the transformer, the scripts and the tests
 lint: $(BIN)/.test-installed
