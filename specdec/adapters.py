@@ -78,7 +78,10 @@ class Backend:
 
 
 def backend_of(fn, backend=None, dtype=None):
-    """fn's Backend: backend 'numpy', 'torch', a torch-like module, or None to detect it."""
+    """fn's Backend: backend 'numpy', 'torch', a torch-like module, a Backend, or None to
+    detect it from fn's globals."""
+    if isinstance(backend, Backend):
+        return backend
     if backend is None:
         return Backend(_torch_of(fn), dtype)
     if backend == "numpy":
@@ -106,6 +109,8 @@ def _named(fn, known, adapter):
     """fn's parameters that the adapter fills (a subset of known); TypeError on any other
     required one, or on a parameter that cannot be passed by name."""
     name = _name(fn)
+    if not inspect.isroutine(fn) and callable(getattr(fn, "forward", None)):
+        fn = fn.forward  # an nn.Module: called with the arguments of its forward
     try:
         parameters = inspect.signature(fn).parameters.values()
     except (TypeError, ValueError) as error:

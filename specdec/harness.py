@@ -182,7 +182,7 @@ def _serve(conn, load):
         try:
             conn.send((*reply, cost, states))
         except Exception as error:  # pickling failed before anything was written
-            conn.send(("unsendable", f"{type(reply[1]).__name__} ({error})", cost, states))
+            conn.send(("unsendable", type(reply[1]).__name__, str(error), cost, states))
 
 
 # ---- the parent --------------------------------------------------------------------------------
@@ -287,7 +287,7 @@ class Sandbox:
             raise _rebuilt(name, error_args)
         if kind == "base":
             raise Fault(f"{label} {rest[0]}, which would have ended the audit")
-        raise Fault(f"{label} returned a {rest[0]}, which cannot be sent back to the audit")
+        raise Fault(f"{label} returned a {rest[0]}, which cannot be sent back ({rest[1]})")
 
     def close(self):
         """Stop the child and free the shared memory."""

@@ -1,0 +1,267 @@
+"""Chapter 6, issue 26: the audit cannot report a pass it did not earn.
+
+The fuzz cases that once gave a silent exit 0 or a hang (sys.exit, os._exit, SIGKILL, a hang,
+MemoryError, garbage, each in a call and at import), each failing with a message that says what
+happened; the negative control in each case is the same harness passing an exact verifier.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import specdec_core as sc
+from specdec import harness
+from specdec.projections import run_scenario
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    rng = np.random.default_rng(26)
+    target = rng.dirichlet(np.ones(8), size=(2, 3))
+    return sc.Scenario("tiny: V = 8, γ = 2", target, rng.dirichlet(np.ones(8), size=(2, 2)), 2000)
+
+
+def exits(*args):
+    sys.exit(0)
+
+
+def exits_hard(*args):
+    os._exit(0)
+
+
+def kills_itself(*args):
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def hangs(*args):
+    time.sleep(3600)
+
+
+def allocates(*args):
+    return np.ones(2 * harness._physical_memory() // 8), None  # beyond the child's cap
+
+
+def generator(*args):
+    return (token for token in range(3))
+
+
+FUZZ = {  # a verifier, and what the finding must say
+    "sys.exit(0)": (exits, "the verifier called sys.exit(0)"),
+    "os._exit(0)": (exits_hard, "the verifier's process exited with code 0 before answering"),
+    "SIGKILL": (kills_itself, "the verifier's process was killed by SIGKILL"),
+    "MemoryError": (allocates, "raised MemoryError"),
+    "a generator": (generator, "the verifier returned a generator, which cannot be sent back"),
+    "None": (lambda *args: None, "did not return a pair"),
+}
+
+
+@pytest.mark.parametrize("case", FUZZ)
+def test_a_verifier_that_dies_or_answers_garbage_fails_saying_so(case, tiny):
+    fn, finding = FUZZ[case]
+    report = sc.audit_verifier(fn, scenarios=[tiny])
+    assert not report.passed
+    assert report.table["finding"].str.startswith(finding).all(), report.table["finding"]
+    assert sc.audit_verifier(sc.verify, scenarios=[tiny]).passed  # the negative control
+
+
+def test_a_hang_is_stopped_at_the_time_limit(tiny):
+    start = time.perf_counter()
+    report = sc.audit_verifier(hangs, scenarios=[tiny, tiny], timeout=0.5)
+    assert time.perf_counter() - start < 30  # the hang was cut at 0.5 s, not waited out
+    findings = report.table["finding"].tolist()
+    assert findings[0] == "timed out: the verifier took the audit's whole time limit (0.5 s)"
+    assert findings[1].startswith("not run: the time limit of 0.5 s was spent")
+    assert sc.audit_verifier(sc.verify, scenarios=[tiny], timeout=30).passed
+
+
+def test_after_a_death_the_next_scenario_gets_a_fresh_process(tiny, tmp_path):
+    flag = tmp_path / "died"
+
+    def dies_once(*args):
+        if not flag.exists():
+            flag.touch()
+            os._exit(3)
+        return sc.verify(*args)
+
+    table = sc.audit_verifier(dies_once, scenarios=[tiny, tiny]).table
+    assert table["finding"].iloc[0] == "the verifier's process exited with code 3 before answering"
+    assert table["passed"].iloc[1:].all() and len(table) > 2
+
+
+def test_timeout_must_be_a_positive_number(tiny):
+    for bad in (0, -1, "10", True, float("nan")):
+        with pytest.raises(ValueError, match="timeout"):
+            sc.audit_verifier(sc.verify, scenarios=[tiny], timeout=bad)
+
+
+def test_the_child_runs_exactly_what_the_parent_would(tiny):
+    """Same rows, same generator: the child's outputs and the parent's stream equal a run in
+    this process (the generator's state comes back); the negative control, another seed."""
+
+    def run(fn, seed):
+        rng = np.random.default_rng(seed)
+        accepted, tokens = run_scenario(fn, tiny, rng)
+        return accepted, tokens, rng.random()
+
+    with harness.Sandbox(lambda: {"verifier": sc.verify}) as sandbox:
+        remote = run(sandbox.function("verifier"), 5)
+        assert sandbox.calls > 0 and sandbox.inside > 0
+    here = run(sc.verify, 5)
+    assert all(np.array_equal(a, b) for a, b in zip(remote, here))
+    assert not np.array_equal(run(sc.verify, 6)[1], here[1])
+
+
+def test_large_read_only_rows_are_shared_once_and_arrive_read_only():
+    rows = np.random.default_rng(0).random((64, 4096))  # 2 MiB: through shared memory
+    rows.setflags(write=False)
+    writable = rows.copy()
+
+    def probe(a):
+        return a.flags.writeable, float(a.sum())
+
+    with harness.Sandbox(lambda: {"probe": probe}) as sandbox:
+        for start in (0, 8):
+            assert sandbox.call("probe", rows[start:]) == (False, float(rows[start:].sum()))
+        assert len(sandbox.shared) == 1  # one copy for both slices
+        assert sandbox.call("probe", writable) == (True, float(rows.sum()))
+        assert len(sandbox.shared) == 1  # a writable array is copied per call, not kept
+
+
+# ---- the command line ------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def hostile(tmp_path_factory):
+    """Files that misbehave in a call or at import."""
+    folder = tmp_path_factory.mktemp("hostile")
+    calls = {
+        "exits": "sys.exit(0)",
+        "exits_hard": "os._exit(0)",
+        "kills_itself": "os.kill(os.getpid(), signal.SIGKILL)",
+        "hangs": "time.sleep(3600)",
+    }
+    lines = ["import os, signal, sys, time", "import specdec_core as sc", "good = sc.verify"]
+    lines += [f"def {name}(*args):\n    {body}" for name, body in calls.items()]
+    (folder / "calls.py").write_text("\n".join(lines) + "\n")
+    at_import = {
+        "raises": "raise RuntimeError('no GPU')",
+        "exits": "import sys; sys.exit(0)",
+        "exits_hard": "import os; os._exit(0)",
+        "hangs": "import time; time.sleep(3600)",
+    }
+    for name, body in at_import.items():
+        (folder / f"import_{name}.py").write_text(f"{body}\ndef good(*args):\n    pass\n")
+    return folder
+
+
+def cli(*argv):
+    """python -m specdec_core audit ...: (exit code, stdout, stderr)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "specdec_core", "audit", *map(str, argv)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    return done.returncode, done.stdout, done.stderr
+
+
+def main(capsys, *argv):
+    """sc.main(['audit', ...]) in this process, which the user's file never enters:
+    (exit code, stdout, stderr)."""
+    code = sc.main(["audit", *map(str, argv)])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+@pytest.mark.parametrize("name", ["exits", "exits_hard", "kills_itself"])
+def test_a_verifier_that_exits_or_is_killed_fails_the_command_line(name, hostile, capsys):
+    code, out, err = main(capsys, f"{hostile}/calls.py:{name}", "--timeout", 60)
+    assert code == 1, (out, err)
+    assert out.splitlines()[-1].startswith("FAILED: 9 of 9 statistics failed")
+
+
+def test_a_hang_fails_the_command_line_at_its_timeout(hostile, capsys):
+    start = time.perf_counter()
+    code, out, _ = main(capsys, f"{hostile}/calls.py:hangs", "--timeout", 1)
+    assert code == 1 and time.perf_counter() - start < 60
+    assert "timed out" in out and out.splitlines()[-1].startswith("FAILED")
+
+
+def test_python_dash_m_exits_1_on_sys_exit_and_0_with_a_verdict_line(hostile):
+    """Through the interpreter's own exit code; the negative control, the exact verifier."""
+    code, out, err = cli(f"{hostile}/calls.py:exits", "--timeout", 60)
+    assert code == 1 and out.splitlines()[-1].startswith("FAILED"), (out, err)
+    code, out, _ = cli(f"{hostile}/calls.py:good", "--timeout", 600)
+    assert code == 0 and out.splitlines()[-1].startswith("PASSED: 0 of 9 statistics failed")
+
+
+@pytest.mark.parametrize(
+    "name, says",
+    [
+        ("raises", "raised RuntimeError: no GPU"),
+        ("exits", "called sys.exit(0)"),
+        ("exits_hard", "exited with code 0 while loading"),
+        ("hangs", "timed out"),
+    ],
+)
+def test_a_file_that_fails_at_import_exits_2_saying_so(name, says, hostile, capsys):
+    code, out, err = main(capsys, f"{hostile}/import_{name}.py:good", "--timeout", 2)
+    assert code == 2 and out == "", (out, err)
+    assert says in err and err.startswith("error: cannot load")
+
+
+@pytest.mark.parametrize("timeout", ["0", "-3", "soon", "inf"])
+def test_the_command_line_checks_its_timeout(timeout, hostile, capsys):
+    assert sc.main(["audit", f"{hostile}/calls.py:good", "--timeout", timeout]) == 2
+    assert "--timeout" in capsys.readouterr().err
+
+
+def test_the_command_line_takes_an_adapter(tmp_path, capsys):
+    path = tmp_path / "engine.py"
+    path.write_text(
+        "import specdec_core as sc\n"
+        "hf = sc.hf_speculative_sampling\n"
+        "v0 = sc.vllm_v0_rejection_sampler\n"
+        "v1 = sc.vllm_rejection_sample\n"
+    )
+    for adapter, name in (("hf", "hf"), ("vllm-v0", "v0"), ("vllm-v1", "v1")):
+        assert sc.main(["audit", f"{path}:{name}", "--adapter", adapter]) == 0, adapter
+    assert capsys.readouterr().out.splitlines()[-1].startswith("PASSED")
+    # the negative control: the HF-shaped function without its adapter fails every scenario
+    assert sc.main(["audit", f"{path}:hf"]) == 1
+    assert sc.main(["audit", f"{path}:hf", "--adapter", "vllm-v2"]) == 2
+
+
+def test_the_audit_does_not_import_the_plotting_stack(hostile):
+    """Neither `import specdec.audit` nor a run of the command line loads matplotlib; the
+    negative control: the figure style does, and the same check sees it."""
+    probe = (
+        "import sys\n"
+        "import specdec_core as sc\n"
+        "{work}\n"
+        "print(any(m.split('.')[0] == 'matplotlib' for m in sys.modules))\n"
+    )
+    work = {
+        "audit": f"sc.main(['audit', '{hostile}/calls.py:good'])",
+        "figure": "sc.new_figure()",
+    }
+    seen = {}
+    for key, line in work.items():
+        done = subprocess.run(
+            [sys.executable, "-c", probe.format(work=line)],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        seen[key] = done.stdout.splitlines()[-1]
+    assert seen == {"audit": "False", "figure": "True"}
