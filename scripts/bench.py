@@ -5,6 +5,7 @@ run, and the floor, drawing the same number of uniforms the engine consumes and 
 Last, verify and block_verify on one batch; their floor adds one read of the input arrays.
 """
 
+import os
 import time
 
 import numpy as np
@@ -137,6 +138,82 @@ def verifier_rows():
         print(line(name, batch, None, fast, floor))
 
 
+ONE_CALL = 1e-3  # the stand-in engine verifier's cost per call, seconds: one sequence a call
+
+
+def row_by_row(target_probs, draft_probs, draft_tokens, rng, floor=0.0):
+    """verify called on one request at a time, as an adapter calls an engine's batch-1 function;
+    each call padded with sleep to at least `floor` seconds."""
+    batch, gamma = draft_tokens.shape
+    accepted, tokens = np.empty(batch, dtype=np.int64), np.full((batch, gamma + 1), -1)
+    for b in range(batch):
+        start = time.perf_counter()
+        one = sc.verify(
+            target_probs[b : b + 1], draft_probs[b : b + 1], draft_tokens[b : b + 1], rng
+        )
+        accepted[b], tokens[b] = one[0][0], one[1][0]
+        time.sleep(max(0.0, floor - (time.perf_counter() - start)))
+    return accepted, tokens
+
+
+def one_ms_engine(target_probs, draft_probs, draft_tokens, rng):
+    """The stand-in for an engine's verifier: verify on one request, at least 1 ms a call."""
+    return row_by_row(target_probs, draft_probs, draft_tokens, rng, floor=ONE_CALL)
+
+
+def audit_rows():
+    """Each suite's requests, and its time for verify row by row and for the 1 ms stand-in:
+    wall clock, the audit's own CPU (parent) and the verifier's (its child process)."""
+    print(
+        f"\n{'audit suite, verifier':40} {'requests':>9} {'wall s':>8} {'audit CPU s':>12} "
+        f"{'child CPU s':>12} {'load':>5}"
+    )
+    for suite in sc.SUITES:
+        for name, fn in (("verify row by row", row_by_row), ("1 ms stand-in", one_ms_engine)):
+            children = os.times()
+            wall, cpu = time.perf_counter(), time.process_time()
+            report = sc.audit_verifier(fn, suite=suite, seed=1)
+            wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+            child = sum(os.times()[2:4]) - sum(children[2:4])
+            requests = (
+                int(report.table["draws"].sum())
+                if suite == "small"
+                else sum(len(s.target) * s.steps for s in sc.engine_scenarios())
+            )
+            verdict = "passed" if report.passed else "FAILED"
+            print(
+                f"{suite + ', ' + name + ' (' + verdict + ')':40} {requests:>9,} {wall:>8.1f} "
+                f"{cpu:>12.1f} {child:>12.1f} {os.getloadavg()[0]:>5.1f}"
+            )
+
+
+FALSE_ALARM_RUNS = {"small": 100_000, "engine": 40_000}  # simulated exact runs per suite
+
+
+def audit_false_alarms():
+    """Each suite's run-wise false-alarm rate on an exact verifier, simulated; written to
+    specdec/data/audit_false_alarms.txt, which chapter 6 glues (seconds only printed)."""
+    lines = [
+        "# sc.null_false_alarms(suite, runs, seed=2026), written by make bench (scripts/bench.py)"
+    ]
+    print(
+        f"\n{'false alarms, exact verifier':30} {'runs':>8} {'alarms':>7} {'rate':>9} "
+        f"{'95 % interval':>20} {'seconds':>8}"
+    )
+    for suite, runs in FALSE_ALARM_RUNS.items():
+        start = time.perf_counter()
+        result = sc.null_false_alarms(suite, runs=runs, seed=2026)
+        seconds = time.perf_counter() - start
+        interval = f"{result['low']:.2e} to {result['high']:.2e}"
+        print(
+            f"{suite:30} {runs:>8,} {result['alarms']:>7} {result['rate']:>9.2e} "
+            f"{interval:>20} {seconds:>8.0f}"
+        )
+        fields = result | {"draws": sc.suite_draws(suite), "level": sc.AUDIT_LEVEL, "seed": 2026}
+        lines.append(" ".join(f"{key}={value}" for key, value in fields.items()))
+    sc.FALSE_ALARMS.write_text("\n".join(lines) + "\n")
+
+
 def main():
     """Print one row per workload, then the totals."""
     header = ["draws", "literal s", "fast s", "ratio", "floor s", "fast/floor"]
@@ -170,6 +247,8 @@ def main():
     )
     verify_rows()
     verifier_rows()
+    audit_rows()
+    audit_false_alarms()
 
 
 if __name__ == "__main__":

@@ -216,9 +216,29 @@ def test_the_run_wise_false_alarm_rate_at_a_level_simulation_can_resolve(suite, 
         assert result["rate"] > result["design"] / 2  # the statistics do fire under the null
 
 
+def test_the_false_alarm_record_is_read_and_refused_when_stale(tmp_path):
+    fields = {"suite": "small", "runs": 10, "alarms": 0, "level": sc.AUDIT_LEVEL}
+    lines = [
+        " ".join(f"{k}={v}" for k, v in (fields | {"suite": s, "draws": sc.suite_draws(s)}).items())
+        for s in sc.SUITES
+    ]
+    path = tmp_path / "record.txt"
+    path.write_text("# header\n" + "\n".join(lines) + "\n")
+    assert sc.false_alarm_record(path)["engine"]["draws"] == sc.suite_draws("engine")
+    path.write_text("\n".join(lines).replace(f"draws={sc.suite_draws('small')}", "draws=1"))
+    with pytest.raises(ValueError, match="stale for the small suite"):
+        sc.false_alarm_record(path)
+
+
 def test_detectable_says_what_each_suite_was_sized_for():
     small = sc.detectable(sc.audit_verifier(sc.verify, seed=2))
     assert f"TV ≥ {sc.AUDIT_TV:g}" in small and "9 scenarios" in small
+    p, q = sc.model_matrices(0.3, exact=False)
+    logged = sc.Scenario("rows after t, o, ␣", p[[1, 2, 3]][None], q[[1, 2]][None], steps=2000)
+    report = sc.audit_verifier(sc.verify, scenarios=[logged])
+    engine = sc.detectable(report)
+    assert f"{report.table['sized for TV'].notna().sum()} statistics" in engine
+    assert f"median {report.table['sized for TV'].median():.2g}" in engine
 
 
 # ---- the audit ----------------------------------------------------------------------------
