@@ -31,7 +31,15 @@ from .checks import _check_count, _check_positive_count, _check_rng
 from .rule import BROKEN_RULES, EXACT_RULE
 from .style import MARKERS, OKABE_ITO, _series, new_figure
 from .theory import expected_tokens
-from .transformer import BLAS_THREADS, Config, Layer, TinyTransformer, _call_costs, softmax_law
+from .transformer import (
+    BLAS_THREADS,
+    Config,
+    Layer,
+    TinyTransformer,
+    _call_costs,
+    one_blas_thread,
+    softmax_law,
+)
 from .verify import _sample_rows, _verify, verify
 
 PACKAGE = Path(__file__).resolve().parent
@@ -489,7 +497,7 @@ class Pair:
     def run(self, prompt_ids, n_tokens, gamma, rng, draft=None, temperature=1.0, record=False):
         """`generate`, keeping where each token came from, and with record=True what each target
         call saw (β and min(1, p/q) of every draft: bookkeeping that plain generation skips)."""
-        with self._exclusive(), threadpool_limits(limits=BLAS_THREADS, user_api="blas"):
+        with self._exclusive(), one_blas_thread():
             return self._run(prompt_ids, n_tokens, gamma, rng, draft, temperature, record)
 
     def _run(self, prompt_ids, n_tokens, gamma, rng, draft, temperature, record):
@@ -724,6 +732,19 @@ def pooled_chi_square(counts, law):
     stat = float(((observed[keep] - expected[keep]) ** 2 / expected[keep]).sum())
     df = int(keep.sum()) - 1
     return float(stats.chi2.sf(stat, df)), df
+
+
+def detection_probability(law, null, n, level=1e-3):
+    """The probability that pooled_chi_square rejects `null` (K,) at `level` for n draws from
+    `law` (K,), by the noncentral chi-square: λ = n·Σ (law − null)² / null over the cells that
+    pooled_chi_square forms for n draws from null (mass where null = 0 is not counted)."""
+    law, null = np.asarray(law, dtype=float), np.asarray(null, dtype=float)
+    big = n * null >= MIN_EXPECTED
+    cells = [np.append(x[big], x[(null > 0) & ~big].sum()) for x in (law, null)]
+    keep = cells[1] > 0
+    lam = n * float(((cells[0][keep] - cells[1][keep]) ** 2 / cells[1][keep]).sum())
+    df = int(keep.sum()) - 1
+    return float(stats.ncx2.sf(stats.chi2.isf(level, df), df, lam))
 
 
 def tokens_per_call(run):

@@ -23,12 +23,11 @@ from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
-from threadpoolctl import threadpool_limits
 
 from .checks import _check_count
 from .runtime import RuntimeTransformer
 from .theory import expected_tokens, walltime_speedup
-from .transformer import BLAS_THREADS, TinyTransformer, softmax_law
+from .transformer import TinyTransformer, one_blas_thread, softmax_law
 
 
 def _seconds(fn, *args):
@@ -81,7 +80,7 @@ def call_costs(pair, drafts, max_positions, contexts, prompt_length, repeats=9):
     _check_count(repeats, "repeats")
     ids = pair.encode(pair.heldout_text[: pair.context])
     positions = list(range(1, max_positions + 1))
-    with threadpool_limits(limits=BLAS_THREADS, user_api="blas"):
+    with one_blas_thread():
         target = [_position_costs(pair.target, ids, L, positions, repeats) for L in contexts]
         draft = {
             name: float(
@@ -362,7 +361,7 @@ def machine_rates(repeats=5):
     rng = np.random.default_rng(0)
     a = rng.standard_normal((1024, 1024), dtype=np.float32)
     l3 = l3_bytes()
-    with threadpool_limits(limits=BLAS_THREADS, user_api="blas"):
+    with one_blas_thread():
         a @ a
         gemm = 2 * 1024**3 / min(_seconds(a.__matmul__, a) for _ in range(repeats))
         l3_read = _read_rate(l3 // 4, 4 * repeats)
@@ -381,7 +380,7 @@ def roofline_points(models, positions=(1, 5), repeats=7, context=48):
     after `context` cached ones, for each (model label, implementation label): model."""
     ids = np.arange(context + max(positions)) % 7  # ids every model knows
     rows = []
-    with threadpool_limits(limits=BLAS_THREADS, user_api="blas"):
+    with one_blas_thread():
         for (label, implementation), model in models.items():
             times = _position_costs(model, ids, context, list(positions), repeats)
             weights = matrix_weights(model.config)

@@ -10,6 +10,7 @@ Token ids are context rows of `models`: 0 is BOS, token t is t + 1, so `law[ids]
 the next token after each input.
 """
 
+import functools
 import math
 import os
 import platform
@@ -19,7 +20,7 @@ from numbers import Real
 from typing import NamedTuple
 
 import numpy as np
-from threadpoolctl import threadpool_info, threadpool_limits
+from threadpoolctl import ThreadpoolController, threadpool_info, threadpool_limits
 
 from .checks import _check_count, _check_memory
 from .exact import target_joint
@@ -30,6 +31,18 @@ from .theory import alpha_exact, chain_stats, measured_cost_speedup, walltime_sp
 from .verify import _sample_rows, _verify
 
 BLAS_THREADS = 1  # every timing runs with one BLAS thread, pinned here, not by the shell
+
+
+@functools.cache
+def _blas_libraries():
+    """The BLAS libraries loaded in this process, looked up once (a lookup takes milliseconds)."""
+    return ThreadpoolController()
+
+
+def one_blas_thread():
+    """A context in which BLAS runs on BLAS_THREADS threads, microseconds to enter: what a
+    timed loop uses (threadpool_limits itself looks the libraries up again each time)."""
+    return _blas_libraries().limit(limits=BLAS_THREADS, user_api="blas")
 
 
 # --------------------------------------------------------------------------------------------
@@ -239,9 +252,12 @@ class TinyTransformer:
         self.lengths = np.zeros(len(unique), dtype=np.int64)
         self.forward(unique)
         n, inverse = ids.shape[1], inverse.ravel()
-        rows = [a[:, inverse, :n] for a in (self.keys, self.values)]  # (L, B, n, d): copies
+        if len(unique) == 1:  # one prompt: its cache, broadcast to every row
+            rows = [a[:, :1, :n].copy() for a in (self.keys, self.values)]
+        else:  # (L, B, n, d): each row gets its distinct prompt's cache, one gather
+            rows = [a[:, inverse, :n] for a in (self.keys, self.values)]
         for big, small in zip(full, rows):
-            big[:, :, :n] = small  # each row gets its distinct prompt's cache
+            big[:, :, :n] = small
         self.keys, self.values = full
         self.lengths = np.full(len(ids), ids.shape[1], dtype=np.int64)
 
