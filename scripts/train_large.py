@@ -25,6 +25,7 @@ import train_pair as tp  # noqa: E402
 
 NAME = "target-large"
 STORAGE = np.float16  # the stored dtype; load_pair upcasts to float32
+SHIPPED_STEPS = 1200  # steps of the 1,200-step schedule that the shipped weights ran
 DRAFT_STEMS = ("draft1-500", "draft1-1000", "draft1-2000", "draft2-1000")
 
 
@@ -36,7 +37,7 @@ def _spec_of(stem):
     raise ValueError(f"no spec trains {stem}")
 
 
-def measure(params, out, seconds, log):
+def measure(params, out, seconds, log, steps):
     """Round params to STORAGE, save them, measure the rounded model; the manifest entry."""
     spec = tp.LARGE[NAME]
     stored = {k: np.asarray(v, np.float32).astype(STORAGE) for k, v in sorted(params.items())}
@@ -79,7 +80,7 @@ def measure(params, out, seconds, log):
         "sha256": sha,
         "storage": np.dtype(STORAGE).name,
         "config": config,
-        "steps": spec.steps,
+        "steps": steps,
         "schedule_steps": spec.steps,
         "seed": spec.seed,
         "peak_lr": spec.peak_lr,
@@ -113,18 +114,19 @@ def write_entry(out, entry, manifest_dir):
     (out / "manifest.json").write_text(text)
 
 
-def train_and_measure(out, log):
-    """Train LARGE's target from its seed, then measure it: the manifest entry."""
+def train_and_measure(out, log, steps):
+    """Train LARGE's target from its seed for `steps` of its schedule, then measure it: the
+    manifest entry."""
     spec, corpus = tp.LARGE[NAME], tp.load_corpus()
-    log(f"{NAME}: {spec}")
+    log(f"{NAME}: {spec}, stopped after {steps} steps")
     start = time.perf_counter()
     params = {}
 
-    def keep(stem, step, p, seconds):  # the final step's weights (the schedule's end)
+    def keep(stem, step, p, seconds):  # the weights after the last step run
         params.update(p)
 
-    tp.train(spec._replace(files=((spec.steps, NAME),)), corpus, log, keep)
-    return measure(params, out, time.perf_counter() - start, log)
+    tp.train(spec._replace(files=((steps, NAME),)), corpus, log, keep, until=steps)
+    return measure(params, out, time.perf_counter() - start, log, steps)
 
 
 def main():
@@ -133,6 +135,7 @@ def main():
     parser.add_argument("--check", type=Path, metavar="DIR", help="retrain into DIR and compare")
     parser.add_argument("--checkpoint", type=Path, help="measure these float32 weights instead")
     parser.add_argument("--seconds", type=float, default=0.0, help="with --checkpoint: its time")
+    parser.add_argument("--steps", type=int, default=SHIPPED_STEPS, help="steps of the schedule")
     args = parser.parse_args()
     out = args.check or args.out
     out.mkdir(parents=True, exist_ok=True)
@@ -145,9 +148,9 @@ def main():
     if args.checkpoint:
         with np.load(args.checkpoint) as npz:
             params = {k: npz[k] for k in npz.files}
-        entry = measure(params, out, args.seconds, log)
+        entry = measure(params, out, args.seconds, log, args.steps)
     else:
-        entry = train_and_measure(out, log)
+        entry = train_and_measure(out, log, args.steps)
     write_entry(out, entry, tp.WEIGHTS)
     if args.check:
         shipped = json.loads((tp.WEIGHTS / "manifest.json").read_text())["large_target"]

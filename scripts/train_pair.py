@@ -62,7 +62,11 @@ MODELS = {
 # machine's 32 MiB L3. Measured before choosing its steps: 3.8 s a step on this 2-core machine
 # with another build running, so 1,200 steps fit the issue's 90-minute budget. Its peak learning
 # rate is lower than the small models' (wider matrices take smaller Adam steps).
-LARGE = {"target-large": Spec(4, 512, 8, 1200, 3, ((600, "target-large-600"), (1200, "target-large")), 2e-3)}
+LARGE = {
+    "target-large": Spec(
+        4, 512, 8, 1200, 3, ((600, "target-large-600"), (1200, "target-large")), 2e-3
+    )
+}
 SMOKE = Spec(1, 16, 2, 30, 0, ())
 
 
@@ -185,15 +189,15 @@ def train_step(spec, params, opt, windows, step):
 logits_fn = jax.jit(forward, static_argnums=(0,))
 
 
-def train(spec, corpus, log, save=None):
-    """Train spec from its seed, calling save(stem, step, params, seconds) at each checkpoint;
-    the training losses."""
+def train(spec, corpus, log, save=None, until=None):
+    """Train spec from its seed, calling save(stem, step, params, seconds) at each checkpoint,
+    for its schedule's steps or the first `until` of them; the training losses."""
     vocab = len(corpus.chars)
     params = init_params(spec, vocab, jax.random.PRNGKey(spec.seed))
     opt = tuple(jax.tree_util.tree_map(jnp.zeros_like, params) for _ in range(2))
     rng = np.random.default_rng(spec.seed)  # batch positions
     losses, start = [], time.perf_counter()
-    for step in range(spec.steps):
+    for step in range(spec.steps if until is None else until):
         starts = rng.integers(0, len(corpus.train) - CONTEXT, BATCH)
         windows = corpus.train[starts[:, None] + np.arange(CONTEXT + 1)]  # (B, T + 1)
         params, opt, loss = train_step(spec, params, opt, windows, step)
