@@ -337,8 +337,8 @@ def _check_reference(folder, manifest, path, models):
 
 
 def _compare_logits(file, arrays, models):
-    """_check_reference's comparison, given the stored arrays."""
-    target = models["target"].config
+    """_check_reference's comparison, given the stored arrays (models' target sets the sizes)."""
+    target = models.get("target", next(iter(models.values()))).config
     ids = arrays["ids"]
     if not (1 <= ids.shape[0] <= 64 and 1 <= ids.shape[1] <= target.max_len):
         raise ValueError(f"{file}: array ids must be (1..64, 1..{target.max_len}), got {ids.shape}")
@@ -415,10 +415,18 @@ def count_laws(ids, vocab):
     return unigram / unigram.sum(), bigram / bigram.sum(axis=1, keepdims=True)
 
 
-def load_pair(folder=WEIGHTS):
+TARGETS = ("target", "target-large")  # load_pair's targets: the small one, the large one
+LARGE = "large_target"  # the manifest's entry for the bandwidth-bound target
+
+
+def load_pair(folder=WEIGHTS, target="target"):
     """The shipped pair, numpy only: every file checked against folder/manifest.json (its own
     hash, each file's sha256, each array's header, dtype, shape and finiteness, the configs,
-    and each model's logits against the stored reference), else a ValueError naming the file."""
+    and each model's logits against the stored reference), else a ValueError naming the file.
+    target="target-large" puts chapter 9's bandwidth-bound target in the small one's place,
+    with the same drafts."""
+    if target not in TARGETS:
+        raise ValueError(f"target must be one of {TARGETS}, got {target!r}")
     folder = Path(folder)
     manifest, path = _read_manifest(folder)
     vocab, ids, split, text = _corpus(folder, manifest, path)  # the corpus sits beside weights/
@@ -427,7 +435,24 @@ def load_pair(folder=WEIGHTS):
     unigram, bigram = count_laws(ids[:split], len(vocab))
     drafts = {"unigram": CountModel(unigram), "bigram": CountModel(bigram)}
     drafts |= {name: model for name, model in models.items() if name != "target"}
-    return Pair(vocab, models["target"], drafts, text[split:], manifest)
+    chosen = models["target"] if target == "target" else _large(folder, manifest, path, vocab)
+    return Pair(vocab, chosen, drafts, text[split:], manifest)
+
+
+def _large(folder, manifest, path, vocab):
+    """The manifest's large target (float16-stored, upcast), its logits checked against its own
+    reference file."""
+    entry = _field(manifest, LARGE, dict, path, "the manifest")
+    config = _config(entry, vocab, path, "target-large")
+    file = _checked_file(folder, entry, path, LARGE)
+    model = TinyTransformer(config, 1, _weights(file, config, _storage(entry, path, LARGE)))
+    reference = _field(entry, "reference_logits", dict, path, LARGE)
+    file = _checked_file(folder, reference, path, f"{LARGE}['reference_logits']")
+    expected = {"ids": ((None, None), np.int64)}
+    expected["target-large"] = ((None, None, config.n_outputs), np.float32)
+    with one_blas_thread():
+        _compare_logits(file, _read_npz(file, expected), {"target-large": model})
+    return model
 
 
 # ---- The pair: tokenizer, models, generation ---------------------------------------------------
