@@ -551,3 +551,36 @@ def verdict_line(result):
         f"at γ = {v.gamma}, predicted {row.predicted:.2f} from isolated costs, theorem 3.8 "
         f"{row['Theorem 3.8']:.2f}"
     )
+
+
+def plot_prediction(table, title):
+    """Measured speedup (with its 95 % interval) against the speedup predicted before the race,
+    one marker per setting, coloured and shaped by draft; on the diagonal they agree."""
+    from .style import MARKERS, OKABE_ITO, new_figure
+
+    fig, ax = new_figure(figsize=(6.4, 6.4))
+    drafts = list(dict.fromkeys(table.draft))
+    for i, draft in enumerate(drafts):
+        rows = table[table.draft == draft]
+        ax.errorbar(
+            rows.predicted,
+            rows.speedup,
+            yerr=[rows.speedup - rows.low, rows.high - rows.speedup],
+            fmt=MARKERS[i % len(MARKERS)],
+            color=OKABE_ITO[i % len(OKABE_ITO)],
+            capsize=3,
+            label=draft,
+        )
+    low = min(table.low.min(), table.predicted.min(), 1.0) * 0.95
+    high = max(table.high.max(), table.predicted.max(), 1.0) * 1.05
+    ax.plot([low, high], [low, high], color="black", linewidth=1, label="measured = predicted")
+    ax.axhline(1, color="0.5", linestyle="--", linewidth=1)
+    ax.set(
+        xlim=(low, high),
+        ylim=(low, high),
+        xlabel="predicted before the race",
+        ylabel="measured (95 % interval)",
+    )
+    ax.set_title(title)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=3)
+    return fig
