@@ -30,6 +30,7 @@ from .projections import (
     engine_scenarios,
     exact_chi_square,
     output_problem,
+    run_ragged,
     run_scenario,
 )
 from .verify import (
@@ -387,14 +388,32 @@ def _markov_rows(verify_fn, level, rng):
 def _scenario_rows(verify_fn, scenario, level, rng, drafter):
     """One scenario's rows, one per statistic; one row naming the fault if the output is bad."""
     try:
-        result = run_scenario(verify_fn, scenario, rng, drafter)
+        run = run_scenario if drafter is None else run_ragged
+        result = run(verify_fn, scenario, rng, drafter)
     except Exception as error:  # the audit reports any failure of the verifier, never crashes
         result = f"raised {type(error).__name__}: {error}"
     if isinstance(result, str):
         return [
             {"scenario": scenario.name, "component": "output", "passed": False, "finding": result}
         ]
-    return component_rows(scenario, *result, level, rng)
+    if drafter is None:
+        return component_rows(scenario, *result, level, rng)
+    return _ragged_rows(scenario, result, level, rng)
+
+
+def _ragged_rows(scenario, by_length, level, rng):
+    """Drafter mode's rows: the scenario's statistics when every step drafted γ tokens; else
+    those of the scenario cut to each length k drawn, the scenario's share of the level split
+    evenly over the γ possible lengths (so the family-wise level holds whatever is drawn)."""
+    gamma = scenario.gamma
+    if set(by_length) == {gamma} and by_length[gamma][0].shape[1] == scenario.steps:
+        return component_rows(scenario, *by_length[gamma], level, rng)
+    share, rows = level * len(components(scenario)) / gamma, []
+    for k, (accepted, tokens) in by_length.items():
+        name = f"{scenario.name}, steps of {k} draft{'s' * (k > 1)}"
+        cut = Scenario(name, scenario.target[:, : k + 1], scenario.draft[:, :k], accepted.shape[1])
+        rows += component_rows(cut, accepted, tokens, share / len(components(cut)), rng)
+    return rows
 
 
 SUITES = ("small", "engine")
@@ -441,7 +460,8 @@ def audit_verifier(
     verifier fails the audit with probability ≤ AUDIT_LEVEL. Small suite: a completed law off by
     TV ≥ AUDIT_TV in a scenario fails w.p. ≥ AUDIT_POWER (noncentral chi-square, Cauchy–Schwarz).
     Engine suite: each row states the TV over its cells that it catches w.p. ≥ 0.99.
-    With drafter(draft_probs, rng) -> tokens (B, γ), the drafts come from it (end to end).
+    With drafter(draft_probs, rng) -> tokens (B, γ), the drafts come from it (end to end); a
+    row may end in −1 after fewer drafts, and each length drawn is then tested on its own.
     verify_fn and drafter run in a child process (harness.Sandbox), which may take `timeout`
     seconds in all; one that hangs, exits, is killed or runs out of memory fails its scenario.
     """

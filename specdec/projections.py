@@ -488,3 +488,53 @@ def run_scenario(verify_fn, scenario, rng, drafter=None):
         accepted[:, start : start + rounds] = kept.reshape(rounds, requests).T
         tokens[:, start : start + rounds] = emitted.reshape(rounds, requests, -1).swapaxes(0, 1)
     return accepted, tokens
+
+
+# ---- drafters that draft fewer than γ tokens (issue 26): each length verified on its own ------
+
+
+def _ragged_problem(drafts, shape, vocab):
+    """What is wrong with drafts (B, γ) padded with −1 after each row's last draft, or None;
+    then the drafts as int64 and each row's length (B,), at least 1."""
+    drafts = np.asarray(drafts)
+    if drafts.shape != shape or drafts.dtype.kind not in "iu":
+        return f"drafter returned {drafts.shape} {drafts.dtype}; need integers {shape}", None, None
+    drafts = drafts.astype(np.int64)
+    lengths = (drafts >= 0).sum(axis=1)
+    if np.any((drafts >= 0) != (np.arange(shape[1]) < lengths[:, None])) or lengths.min() < 1:
+        return "drafter returned −1 before a draft, or no draft at all, in a row", None, None
+    if drafts.max() >= vocab:
+        return f"drafter returned tokens outside [0, {vocab})", None, None
+    return None, drafts, lengths
+
+
+def run_ragged(verify_fn, scenario, rng, drafter):
+    """run_scenario with a drafter that may draft k < γ tokens (the rest −1): the steps of each
+    length k go to verify_fn on rows cut to k drafts. {k: (accepted (R, m), tokens (R, m, k+1))},
+    m the fewest steps of length k over the requests (lengths some request never drew are left
+    out), or a problem."""
+    requests, gamma, vocab = scenario.draft.shape
+    target, draft, ids = _batches(scenario)
+    parts = {}  # k -> [(request ids, accepted, tokens)] in the order drawn
+    for start in range(0, scenario.steps, len(ids) // requests):
+        b = min(len(ids) // requests, scenario.steps - start) * requests
+        problem, drafts, lengths = _ragged_problem(drafter(draft[:b], rng), (b, gamma), vocab)
+        if problem:
+            return problem
+        for k in np.unique(lengths):
+            rows = slice(None) if k == gamma and lengths.min() == gamma else lengths == k
+            cut = drafts[rows, :k]
+            result = _call(verify_fn, target[:b][rows, : k + 1], draft[:b][rows, :k], cut, rng)
+            problem, kept, emitted = output_problem(result, cut, vocab)
+            if problem:
+                return f"with {k} drafts: {problem}"
+            parts.setdefault(int(k), []).append((ids[:b][rows], kept, emitted))
+    out = {}
+    for k, chunks in sorted(parts.items()):
+        who, kept, emitted = (np.concatenate(c) for c in zip(*chunks))
+        m = min(int((who == r).sum()) for r in range(requests))
+        if m:
+            out[k] = tuple(
+                np.stack([a[who == r][:m] for r in range(requests)]) for a in (kept, emitted)
+            )
+    return out

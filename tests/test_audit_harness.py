@@ -265,3 +265,50 @@ def test_the_audit_does_not_import_the_plotting_stack(hostile):
         )
         seen[key] = done.stdout.splitlines()[-1]
     assert seen == {"audit": "False", "figure": "True"}
+
+
+# ---- drafter mode with drafts of variable length -------------------------------------------
+
+
+def short_drafter(draft_probs, rng):
+    """sample_drafter's drafts, cut to a length drawn uniformly from 1..γ per row (−1 after)."""
+    drafts = sc.sample_drafter(draft_probs, rng)
+    lengths = rng.integers(1, drafts.shape[1] + 1, size=len(drafts))
+    return np.where(np.arange(drafts.shape[1]) < lengths[:, None], drafts, -1)
+
+
+def wrong_bonus_when_short(target_probs, draft_probs, draft_tokens, rng):
+    """verify, but a step of fewer than 3 drafts takes its bonus from the first target row."""
+    if draft_tokens.shape[1] < 3:
+        target_probs = np.array(target_probs)
+        target_probs[:, -1] = target_probs[:, 0]
+    return sc.verify(target_probs, draft_probs, draft_tokens, rng)
+
+
+@pytest.fixture(scope="module")
+def three():
+    rng = np.random.default_rng(3)
+    target = rng.dirichlet(np.ones(6), size=(1, 4))
+    return sc.Scenario("γ = 3, V = 6", target, rng.dirichlet(np.ones(6), size=(1, 3)), 6000)
+
+
+def test_a_drafter_may_draft_fewer_tokens(three):
+    report = sc.audit_verifier(sc.verify, scenarios=[three], drafter=short_drafter)
+    assert report.passed, report
+    names = set(report.table["scenario"])
+    assert names == {f"γ = 3, V = 6, steps of {k} draft{'s' * (k > 1)}" for k in (1, 2, 3)}
+    # negative controls: a verifier wrong only on short steps, and a bad padding
+    assert not sc.audit_verifier(
+        wrong_bonus_when_short, scenarios=[three], drafter=short_drafter
+    ).passed
+    assert sc.audit_verifier(
+        wrong_bonus_when_short, scenarios=[three], drafter=sc.sample_drafter
+    ).passed
+
+    def holes(draft_probs, rng):
+        drafts = sc.sample_drafter(draft_probs, rng)
+        drafts[:, 0] = -1
+        return drafts
+
+    finding = sc.audit_verifier(sc.verify, scenarios=[three], drafter=holes).table["finding"]
+    assert finding.tolist() == ["drafter returned −1 before a draft, or no draft at all, in a row"]
