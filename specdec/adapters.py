@@ -344,10 +344,13 @@ def vllm_v0_adapter(fn, backend=None, dtype=None):
     """A verify_fn from a V0 `RejectionSampler.forward`-shaped fn (the module, its bound forward,
     or the numpy version): one call on the batch, bonus tokens drawn by the adapter from p at γ,
     seeded_seqs None. With torch, probabilities are float32 and ids int64, as V0's strict mode
-    checks."""
+    checks; a sampler whose counters are not set up yet gets init_gpu_tensors("cpu")."""
     named = _named(fn, V0_ARGUMENTS, "vllm_v0_adapter")
     _required(named, V0_ARGUMENTS[:4], fn, "vllm_v0_adapter")
     tensors = backend_of(fn, backend, dtype)
+    sampler = getattr(fn, "__self__", fn)
+    if getattr(sampler, "num_accepted_tokens", 0) is None and hasattr(sampler, "init_gpu_tensors"):
+        sampler.init_gpu_tensors("cpu")  # V0's counters, which forward adds to, on the CPU
 
     def verify_fn(target_probs, draft_probs, draft_tokens, rng):
         """One call of fn on the batch; (accepted (B,), tokens (B, γ+1))."""

@@ -250,6 +250,11 @@ class RejectionSamplerLike:
 
     def __init__(self, broken=False):
         self.broken = broken
+        self.num_accepted_tokens = None  # V0's counters: set up by init_gpu_tensors(device)
+
+    def init_gpu_tensors(self, device):
+        assert self.num_accepted_tokens is None and device == "cpu"
+        self.num_accepted_tokens = torch.tensor(0)
 
     def __call__(self, *args, **kwargs):
         return self.forward(*args, **kwargs)
@@ -281,6 +286,7 @@ class RejectionSamplerLike:
         race = torch.empty_like(residual).exponential_(1.0)
         recovered = (residual / race).argmax(dim=-1)  # (B, k)
         kept = accepted.cumprod(dim=1)
+        self.num_accepted_tokens = self.num_accepted_tokens + kept.sum()  # None: TypeError
         stop = kept.sum(dim=1)  # (B,)
         out = torch.full((batch, k + 1), -1)
         out[:, :k] = torch.where(kept, draft_token_ids, -1)
