@@ -187,6 +187,41 @@ def audit_rows():
             )
 
 
+def _suite_work(suite, fn, rng):
+    """One suite's verifier calls and tests, as audit_verifier runs them, on fn as given."""
+    from specdec.audit import _markov_rows
+    from specdec.projections import run_scenario
+
+    if suite == "small":
+        return _markov_rows(fn, sc.AUDIT_LEVEL / len(sc.audit_scenarios()), rng)
+    return [run_scenario(fn, scenario, rng) for scenario in sc.engine_scenarios()]
+
+
+def harness_rows():
+    """The child process's cost (issue 26): each suite's work in this process, then with the
+    verifier in a harness.Sandbox; wall, this thread's CPU, the calls and their round trips."""
+    from specdec.harness import Sandbox
+
+    print(
+        f"\n{'harness, suite, verifier':34} {'calls':>6} {'wall s':>7} {'in-proc s':>9} "
+        f"{'thread CPU':>10} {'in-proc':>8} {'trip ms':>8} {'load':>5}"
+    )
+    for suite in sc.SUITES:
+        for name, fn in (("verify", sc.verify), ("verify row by row", row_by_row)):
+            wall, cpu = time.perf_counter(), time.thread_time()
+            _suite_work(suite, fn, np.random.default_rng(1))
+            here_wall, here_cpu = time.perf_counter() - wall, time.thread_time() - cpu
+            with Sandbox(lambda fn=fn: {"verifier": fn}) as sandbox:
+                wall, cpu = time.perf_counter(), time.thread_time()
+                _suite_work(suite, sandbox.function("verifier"), np.random.default_rng(1))
+                wall, cpu = time.perf_counter() - wall, time.thread_time() - cpu
+            trip = (sandbox.spent - sandbox.inside) / sandbox.calls * 1e3  # send, wait, receive
+            print(
+                f"{suite + ', ' + name:34} {sandbox.calls:>6} {wall:>7.1f} {here_wall:>9.1f} "
+                f"{cpu:>10.2f} {here_cpu:>8.2f} {trip:>8.2f} {os.getloadavg()[0]:>5.1f}"
+            )
+
+
 FALSE_ALARM_RUNS = {"small": 100_000, "engine": 40_000}  # simulated exact runs per suite
 
 
@@ -248,6 +283,7 @@ def main():
     verify_rows()
     verifier_rows()
     audit_rows()
+    harness_rows()
     audit_false_alarms()
 
 
