@@ -447,7 +447,10 @@ def _sandboxed(verify_fn, drafter, timeout):
 
 def _plain_faults(table):
     """Findings of a failed child process read as what happened, not as a raised exception."""
-    table["finding"] = table["finding"].str.replace(f"raised {Fault.__name__}: ", "")
+    prefix = f"raised {Fault.__name__}: "
+    table["finding"] = [
+        f.replace(prefix, "") if isinstance(f, str) else f for f in table["finding"]
+    ]
     return table
 
 

@@ -7,10 +7,15 @@ testing the outputs) stays in the parent. A function that hangs, exits (`sys.exi
 what happened; the next call starts a fresh process. Every call shares one time limit: the
 seconds the functions may take in all, over the whole audit.
 
-Large arrays travel through anonymous shared memory (`os.memfd_create`), not a pipe: a read-only
-array (a scenario's batch, handed over slice by slice) is copied once and then shared; a
-writable one is copied for each call and arrives writable. A numpy Generator argument travels
-by value and its state comes back, so the parent's stream advances exactly as in one process.
+Large arrays travel through anonymous shared memory (`os.memfd_create`, Linux; pickled through
+the pipe elsewhere): a read-only array (a scenario's batch, handed over slice by slice) is
+copied once and then shared, and arrives read-only; a writable one is copied for each call and
+arrives writable. A numpy Generator argument travels by value and its state comes back, so the
+parent's stream advances exactly as in one process, and the results are those of one process.
+The child's address space is capped (RLIMIT_AS) at the machine's physical memory beyond what it
+maps at the fork, so a verifier that asks for more gets a MemoryError, not the kernel's
+out-of-memory killer (whose SIGKILL is reported as such if it comes anyway). Needs the fork
+start method: Linux or macOS.
 """
 
 import builtins
@@ -325,8 +330,8 @@ class Sandbox:
     def _receive(self, label, when="before answering"):
         """The child's next message, within the time left; Fault if it hangs or dies."""
         self._check_time()
-        start = time.perf_counter()
-        ready = self.conn.poll(self.timeout - self.spent)
+        start, left = time.perf_counter(), self.timeout - self.spent
+        ready = self.conn.poll(None if left == float("inf") else left)
         self.spent += time.perf_counter() - start
         if not ready:
             self._stop()
@@ -346,7 +351,8 @@ class Sandbox:
         """Descriptions of the arguments, and the descriptors of new shared memory to send."""
         described, fds = [], []
         for arg in args:
-            if not isinstance(arg, np.ndarray) or arg.nbytes < SHARE_BYTES or arg.dtype.hasobject:
+            small = not isinstance(arg, np.ndarray) or arg.nbytes < SHARE_BYTES
+            if small or arg.dtype.hasobject or not hasattr(os, "memfd_create"):  # pickled
                 described.append(("value", arg))
                 continue
             owner = _owner(arg)
