@@ -364,3 +364,13 @@ def test_backend_and_dtype_are_checked():
         sc.hf_adapter(hf_4_38, backend="jax")
     with pytest.raises(ValueError, match="dtype"):
         sc.hf_adapter(hf_4_38, dtype="float16")
+
+
+def test_float32_tensors_at_a_wide_vocabulary_pass_and_a_broken_rule_fails():
+    """The production dtype where rounding could matter: V = 4,096, float32 logits."""
+    rng = np.random.default_rng(4096)
+    target = rng.dirichlet(np.full(4096, 0.1), size=(1, 4))
+    draft = 0.5 * target[:, :3] + 0.5 * rng.dirichlet(np.full(4096, 0.1), size=(1, 3))
+    wide = sc.Scenario("V = 4,096, γ = 3", target, draft, steps=2000)
+    assert sc.audit_verifier(sc.hf_adapter(hf_4_38, dtype="float32"), scenarios=[wide]).passed
+    assert not sc.audit_verifier(sc.hf_adapter(hf_5_18_accepts_all), scenarios=[wide]).passed
