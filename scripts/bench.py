@@ -215,7 +215,7 @@ def harness_rows():
                 wall, cpu = time.perf_counter(), time.thread_time()
                 _suite_work(suite, sandbox.function("verifier"), np.random.default_rng(1))
                 wall, cpu = time.perf_counter() - wall, time.thread_time() - cpu
-            trip = (sandbox.spent - sandbox.inside) / sandbox.calls * 1e3  # send, wait, receive
+            trip = (sandbox.wall - sandbox.inside) / sandbox.calls * 1e3  # pack, send, receive
             print(
                 f"{suite + ', ' + name:34} {sandbox.calls:>6} {wall:>7.1f} {here_wall:>9.1f} "
                 f"{cpu:>10.2f} {here_cpu:>8.2f} {trip:>8.2f} {os.getloadavg()[0]:>5.1f}"

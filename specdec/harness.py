@@ -222,6 +222,7 @@ class Sandbox:
         self.cap = 0  # the child's address-space cap, in bytes
         self.spent = 0.0  # wall seconds the child has taken, in calls and loads
         self.calls, self.cpu, self.inside = 0, 0.0, 0.0  # calls; their CPU and wall inside fn
+        self.wall = 0.0  # wall seconds of call(), packing and unpacking included
         self.process = self.conn = None
         self.shared, self.drop, self.keys = {}, [], 0  # id(owner) -> (owner, key, fd, size)
 
@@ -263,6 +264,7 @@ class Sandbox:
     def call(self, name, *args):
         """Run functions()[name](*args) in the child; its result, or the exception it raised."""
         self.start()
+        began = time.perf_counter()
         message, fds = self._packed(args)
         try:
             self.conn.send((name, message))
@@ -276,20 +278,20 @@ class Sandbox:
                     os.close(fd)
         label = f"the {name}"
         kind, *rest, cost, states = self._receive(label)
-        self.calls += 1
+        self.calls, self.wall = self.calls + 1, self.wall + time.perf_counter() - began
         self.cpu, self.inside = self.cpu + cost[0], self.inside + cost[1]
         for arg, state in zip((a for a in args if isinstance(a, np.random.Generator)), states):
             arg.bit_generator.state = state
         if kind == "ok":
             return rest[0]
         if kind == "raised":
-            name, error_args = rest
-            if name == "MemoryError":
+            error, error_args = rest
+            if error == "MemoryError":
                 error_args = (
                     f"{error_args[0] if error_args else ''} (its process may map "
                     f"{self.cap / 2**30:.1f} GiB)",
                 )
-            raise _rebuilt(name, error_args)
+            raise _rebuilt(error, error_args)
         if kind == "base":
             raise Fault(f"{label} {rest[0]}, which would have ended the audit")
         raise Fault(f"{label} returned a {rest[0]}, which cannot be sent back ({rest[1]})")
