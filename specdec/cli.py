@@ -71,6 +71,7 @@ def _parser():
         "--timeout",
         type=_positive_seconds,
         default=AUDIT_TIMEOUT,
+        metavar="SECONDS",
         help=f"seconds the verifier may take in all (default {AUDIT_TIMEOUT:g})",
     )
     return parser
