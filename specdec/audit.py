@@ -606,6 +606,9 @@ def null_false_alarms(suite="small", runs=10_000, seed=0, level=AUDIT_LEVEL, bat
     """
     _check_count(runs, "runs")
     _check_count(seed, "seed")
+    _check_count(batch, "batch")
+    if not (isinstance(level, float | int) and 0 < level < 1) or batch < 1:
+        raise ValueError(f"need 0 < level < 1 and batch ≥ 1, got level={level!r}, batch={batch}")
     if suite not in SUITES:
         raise ValueError(f"suite must be one of {SUITES}, got {suite!r}")
     rng = np.random.default_rng(seed)

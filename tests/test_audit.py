@@ -216,6 +216,21 @@ def test_the_run_wise_false_alarm_rate_at_a_level_simulation_can_resolve(suite, 
         assert result["rate"] > result["design"] / 2  # the statistics do fire under the null
 
 
+@pytest.mark.parametrize(
+    "kwargs, word",
+    [
+        ({"level": 0}, "level"),
+        ({"level": 1.5}, "level"),
+        ({"batch": 0}, "batch"),
+        ({"runs": -1}, "runs"),
+        ({"suite": "huge"}, "suite"),
+    ],
+)
+def test_null_false_alarms_refuses_bad_arguments_by_name(kwargs, word):
+    with pytest.raises(ValueError, match=word):
+        sc.null_false_alarms(**kwargs)
+
+
 def test_the_false_alarm_record_is_read_and_refused_when_stale(tmp_path):
     fields = {"suite": "small", "runs": 10, "alarms": 0, "level": sc.AUDIT_LEVEL}
     lines = [
