@@ -201,11 +201,15 @@ def hf_adapter(fn, backend=None, dtype=None):
         tokens, accepted = np.full((batch, gamma + 1), -1), np.empty(batch, dtype=np.int64)
         ids = tensors.ids(np.concatenate([np.zeros((batch, 1)), draft_tokens], axis=1))
         logq, logp = tensors.floats(_log(draft_probs)), tensors.floats(_log(target_probs))
-        fixed = {"candidate_length": gamma, "last_assistant_token_is_eos": False}
-        fixed |= {"is_done_candidate": False, "max_matches": gamma, "rng": rng}
-        fixed = {k: v for k, v in fixed.items() if k in named} | {
-            k: None for k in ("assistant_ensemble_weight",) if k in named
+        fixed = {
+            "candidate_length": gamma,
+            "last_assistant_token_is_eos": False,
+            "is_done_candidate": False,
+            "max_matches": gamma,
+            "assistant_ensemble_weight": None,  # the lossless rule, whatever its place
+            "rng": rng,
         }
+        fixed = {k: v for k, v in fixed.items() if k in named}
         for b in range(batch):
             tensors.seed(rng)
             given = {"candidate_input_ids": ids[b : b + 1], "candidate_logits": logq[b : b + 1]}
