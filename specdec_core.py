@@ -60,7 +60,8 @@ from specdec.block import *
 from specdec.lossy import *
 from specdec.article import *
 from specdec.experiments import *
-from specdec.pair import ACCEPTED, BONUS, PLAIN, RESIDUAL, Pair, Run, load_pair
+from specdec.pair import ACCEPTED, BONUS, PLAIN, RESIDUAL, GenerationTest, Pair, Run
+from specdec.pair import generation_test, load_pair
 from specdec.figures import *
 
 

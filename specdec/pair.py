@@ -879,7 +879,7 @@ def generation_test(
     why = "the batch's KV caches stay under 1 GiB"
     _check_positive_count(n_prompts, "n_prompts", MAX_TEST_PROMPTS, why)
     _check_positive_count(n_tokens, "n_tokens")
-    _check_positive_count(prompt_length, "prompt_length", pair.context - 1, "context - 1")
+    _check_positive_count(prompt_length, "prompt_length", pair.context - 1, "a token must follow")
     if isinstance(level, bool) or not isinstance(level, Real) or not 0 < level < 1:
         raise ValueError(f"level must be a number in (0, 1), got {level!r}")
     seed, n_prompts, prompt_length = int(seed), int(n_prompts), int(prompt_length)

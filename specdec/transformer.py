@@ -16,7 +16,7 @@ import os
 import platform
 import time
 from dataclasses import dataclass
-from numbers import Real
+from numbers import Integral, Real
 from typing import NamedTuple
 
 import numpy as np
@@ -209,16 +209,17 @@ class TinyTransformer:
 
     def reset(self, batch=1, length=None):
         """Empty the cache and make room for `batch` sequences of `length` ≤ max_len positions."""
-        if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
+        if not isinstance(batch, Integral) or isinstance(batch, bool) or batch < 1:
             raise ValueError(f"batch must be a positive int, got {batch!r}")
         cfg = self.config
         length = cfg.max_len if length is None else length
         if (
-            not isinstance(length, int)
+            not isinstance(length, Integral)
             or isinstance(length, bool)
             or not 1 <= length <= cfg.max_len
         ):
             raise ValueError(f"length must be an int in [1, max_len={cfg.max_len}], got {length!r}")
+        batch, length = int(batch), int(length)  # numpy integers too
         shape = (cfg.n_layers, batch, length, cfg.d_model)  # (L, B, length, d)
         _check_memory(2 * math.prod(shape) * np.dtype(cfg.dtype).itemsize, "the KV cache")
         self.keys = np.zeros(shape, cfg.dtype)

@@ -511,6 +511,11 @@ def test_numpy_integers_work_wherever_ints_do():
     assert plain.shape == (1, 3)
     test = pm.generation_test(PAIR, MAIN, np.int16(2), np.int64(1), np.int32(2), np.int64(64))
     assert test.n_values == 128 and test.gamma == 2 and type(test.seed) is int
+    model = load_pair().target
+    model.reset(np.int64(2), np.int32(10))
+    assert model.keys.shape[1:3] == (2, 10)
+    with pytest.raises(ValueError, match="batch must be a positive int"):
+        model.reset(np.bool_(True))
 
 
 @pytest.mark.parametrize("kwargs", [dict(n_tokens=True), dict(gamma=np.bool_(True))])
@@ -623,11 +628,19 @@ def test_the_build_keeps_ipythons_and_matplotlibs_settings_in_the_venv():
 # ---- generation_test: the real pipeline passes, planted bugs fail --------------------------------
 
 
+def stored_run(pipeline, seed=0):
+    """The verdict that scripts/generation_power.py stored for this pipeline and seed."""
+    power = json.loads((WEIGHTS / "generation_power.json").read_text())
+    assert (power["draft"], power["gamma"], power["n_prompts"]) == (MAIN, 4, 256)
+    return power["pipelines"][pipeline]["runs"][seed]
+
+
 def test_generation_test_passes_the_real_pipeline_at_its_default_size():
     result = pm.generation_test(PAIR, MAIN, 4, seed=0)
     assert result.passed and result.p_value > result.level == 1e-3
     assert result.n_values == 256 * 64 == result.counts.sum()
     assert result.min_rollbacks >= 4 and result.calls >= 20  # every row rolled back, often
+    assert result.p_value == pytest.approx(stored_run("correct")["p_value"], rel=1e-9)
 
 
 @pytest.mark.parametrize(
@@ -641,6 +654,25 @@ def test_generation_test_rejects_each_planted_bug_through_the_same_path(bug, siz
 def test_generation_test_rejects_the_one_uniform_rule_at_its_default_size():
     result = pm.generation_test(pm.BrokenPair(PAIR, "one uniform"), MAIN, 4, seed=0)
     assert not result.passed, result.p_value
+    assert result.p_value == pytest.approx(stored_run("one uniform")["p_value"], rel=1e-9)
+
+
+def test_the_two_token_tests_detection_probability_matches_a_simulation_over_seeds():
+    prompt = PAIR.encode(PAIR.heldout_text[2016:2024])  # chapter 9's prompt and draft
+    (p1, p2), (q1, q2) = (pm.rows_after(m, prompt) for m in (PAIR.target, PAIR.drafts[MAIN]))
+    null = (p1[:, None] * p2).ravel()
+    rule, n, seeds = sc.BROKEN_RULES["one uniform"], 20_000, 40
+    law = pm.two_token_law(p1, q1, p2, q2, rule).ravel()
+    predicted = pm.detection_probability(law, null, n)
+    rng = np.random.default_rng(12)
+    rejected = 0
+    for _ in range(seeds):
+        draws = pm.sample_two_tokens(p1, q1, p2, q2, n, rng, rule)
+        counts = np.bincount(draws[:, 0] * V + draws[:, 1], minlength=V * V)
+        rejected += pm.pooled_chi_square(counts, null)[0] <= 1e-3
+    se = np.sqrt(predicted * (1 - predicted) / seeds)  # about 0.08 at 0.61: 3 s.e. is 0.23
+    assert abs(rejected / seeds - predicted) <= 3 * se, (rejected, predicted)
+    assert pm.detection_probability(null, null, n) == pytest.approx(1e-3)  # the control: size
 
 
 def test_a_draft_cache_never_rolled_back_stays_exact_and_costs_acceptance():
