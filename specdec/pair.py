@@ -59,6 +59,8 @@ STORAGE = {"float32": np.float32, "float16": np.float16}  # a model's "storage" 
 REFERENCE_TOLERANCE = 1e-4  # largest |numpy − JAX| logit at load; the shipped ones are ≤ 1.1e-5
 MANIFEST_HASH = "manifest_sha256"  # the field that holds the hash of the rest of the manifest
 CONFIG_KEYS = ("n_layers", "d_model", "n_heads", "ff_mult", "max_len", "vocab_size")
+CONFIG_LIMITS = dict(n_layers=256, d_model=2**16, n_heads=2**10, ff_mult=64, max_len=2**16)
+CONFIG_LIMITS["vocab_size"] = 2**20  # a config past these is refused before any array is read
 HEX = set("0123456789abcdef")
 NPY_HEADERS = {(1, 0): np.lib.format.read_array_header_1_0}  # .npy versions a member may have
 NPY_HEADERS[2, 0] = np.lib.format.read_array_header_2_0
@@ -251,6 +253,9 @@ def _config(entry, vocab, path, name):
     if unknown:
         raise ValueError(f"{path}: {where}['config'] has unknown keys {unknown}")
     sizes = {key: _field(c, key, int, path, f"{where}['config']") for key in CONFIG_KEYS}
+    for key, limit in CONFIG_LIMITS.items():
+        if not 1 <= sizes[key] <= limit:
+            raise ValueError(f"{path}: {where}['config']['{key}'] must lie in [1, {limit:,}]")
     if sizes["vocab_size"] != len(vocab):
         raise ValueError(
             f"{path}: {where}['config']['vocab_size'] is {sizes['vocab_size']}, but the "

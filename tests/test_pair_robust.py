@@ -226,6 +226,10 @@ CASES = {  # name: (change(folder, manifest), the error's pattern), each loaded 
         edit(lambda m: target_config(m).update(n_heads=True)),
         r"\['n_heads'\] must be a int, got True",
     ),
+    "manifest: a billion layers": (
+        edit(lambda m: target_config(m).update(n_layers=10**9)),
+        r"models\['target'\]\['config'\]\['n_layers'\] must lie in \[1, 256\]",
+    ),
     "manifest: an unknown config key": (
         edit(lambda m: target_config(m).update(dropout=0)),
         r"\['config'\] has unknown keys \['dropout'\]",
