@@ -31,7 +31,9 @@ name works as `sc.NAME`:
     article      what the article and the papers report                       all
     experiments  the seeded checks of chapters 1–4                            1–4
     transformer  a numpy transformer with a KV cache, the stopwatch           8
+    loading      the trained pair's files, each read after every check       9
     pair         the trained pair: loading, generation, checks, race, plots   9
+    exactness    `generation_test`, exactness through the real models         9
     figures      the book's style, every plot, `FIGURES`                      all
 
 Each algorithm appears twice: a literal version that reads like the paper (dictionaries, one
@@ -60,8 +62,8 @@ from specdec.block import *
 from specdec.lossy import *
 from specdec.article import *
 from specdec.experiments import *
-from specdec.pair import ACCEPTED, BONUS, PLAIN, RESIDUAL, GenerationTest, Pair, Run
-from specdec.pair import generation_test, load_pair
+from specdec.pair import ACCEPTED, BONUS, PLAIN, RESIDUAL, Pair, Run, load_pair
+from specdec.exactness import GenerationTest, generation_test
 from specdec.figures import *
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from specdec import exactness as ex
 from specdec import pair as pm
 
 OUT = pm.WEIGHTS / "generation_power.json"
@@ -27,13 +28,13 @@ DRAFT, GAMMA = "draft1-2000", 4
 def runs(pair, seeds):
     """{pipeline: {"description", "runs": [verdict per seed]}} for the pair and each bug."""
     pipelines = {"correct": (pair, "the book's pipeline, unchanged")}
-    pipelines |= {bug: (pm.BrokenPair(pair, bug), text) for bug, text in pm.BUGS.items()}
+    pipelines |= {bug: (ex.BrokenPair(pair, bug), text) for bug, text in ex.BUGS.items()}
     out = {}
     for name, (subject, description) in pipelines.items():
         verdicts = []
         for seed in seeds:
             start = time.thread_time()
-            result = pm.generation_test(subject, DRAFT, GAMMA, seed=seed)
+            result = ex.generation_test(subject, DRAFT, GAMMA, seed=seed)
             verdicts.append(
                 {
                     "seed": seed,
@@ -60,7 +61,7 @@ def main():
     pair = pm.load_pair()
     begin, load = time.perf_counter(), os.getloadavg()[0]
     result = runs(pair, range(args.seeds))
-    defaults = pm.generation_test.__defaults__  # seed, n_prompts, n_tokens, prompt_length, ...
+    defaults = ex.generation_test.__defaults__  # seed, n_prompts, n_tokens, prompt_length, ...
     record = {
         "what": "generation_test verdicts per seed, at its default size",
         "draft": DRAFT,
@@ -68,7 +69,7 @@ def main():
         "n_prompts": defaults[1],
         "n_tokens": defaults[2],
         "prompt_length": defaults[3],
-        "level": pm.GENERATION_LEVEL,
+        "level": ex.GENERATION_LEVEL,
         "numpy": np.__version__,
         "wall_seconds": round(time.perf_counter() - begin, 1),
         "load_average_at_start": round(load, 2),

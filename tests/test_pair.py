@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import specdec.loading
 import specdec.pair
 import specdec_core as sc
 from specdec.pair import WEIGHTS, load_pair, pooled_chi_square, rows_after
@@ -79,7 +80,7 @@ def test_a_weight_of_the_wrong_shape_is_refused_by_name(tmp_path):
     manifest = json.loads((folder / "manifest.json").read_text())
     digest = hashlib.sha256((folder / "draft1-500.npz").read_bytes()).hexdigest()
     manifest["models"]["draft1-500"]["sha256"] = digest
-    manifest["manifest_sha256"] = specdec.pair.manifest_digest(manifest)  # rewritten in full
+    manifest["manifest_sha256"] = specdec.loading.manifest_digest(manifest)  # rewritten in full
     (folder / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(ValueError, match=r"draft1-500.npz: array layer0_w_o should have shape"):
         load_pair(folder)

@@ -17,9 +17,12 @@ import numpy as np
 import pytest
 from threadpoolctl import threadpool_limits
 
+import specdec.exactness as ex
+import specdec.loading as loading
 import specdec.pair as pm
 import specdec_core as sc
-from specdec.pair import MANIFEST_HASH, WEIGHTS, load_pair, manifest_digest
+from specdec.loading import MANIFEST_HASH, manifest_digest
+from specdec.pair import WEIGHTS, load_pair
 from specdec.transformer import softmax_law
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -138,7 +141,7 @@ def target_config(manifest):
 
 
 def many_models(manifest):
-    for i in range(pm.MAX_MODELS):
+    for i in range(loading.MAX_MODELS):
         manifest["models"][f"copy{i}"] = dict(first_model(manifest))
 
 
@@ -416,7 +419,7 @@ def test_a_model_stored_as_float16_is_upcast_when_the_manifest_says_so(tmp_path)
     model.position = half["position"].astype(np.float32)
     model.final_norm = tuple(half[f"final_norm_{g}"].astype(np.float32) for g in ("gain", "bias"))
     model.layers = [
-        pm.Layer(
+        loading.Layer(
             *[
                 tuple(half[f"layer0_{n}_{g}"].astype(np.float32) for g in ("gain", "bias"))
                 if n.startswith("ln")
@@ -513,7 +516,7 @@ def test_numpy_integers_work_wherever_ints_do():
     assert np.array_equal(ints, numpys)
     plain = pm.plain(PAIR.target, prompt, np.uint8(3), np.random.default_rng(4))
     assert plain.shape == (1, 3)
-    test = pm.generation_test(PAIR, MAIN, np.int16(2), np.int64(1), np.int32(2), np.int64(64))
+    test = ex.generation_test(PAIR, MAIN, np.int16(2), np.int64(1), np.int32(2), np.int64(64))
     assert test.n_values == 128 and test.gamma == 2 and type(test.seed) is int
     model = load_pair().target
     model.reset(np.int64(2), np.int32(10))
@@ -559,7 +562,7 @@ def test_a_pair_shared_by_two_threads_refuses_the_second_with_a_clear_error():
     with pytest.raises(RuntimeError, match=re.escape(pm.IN_USE)):
         pair.generate(prompt, 20, 3, np.random.default_rng(6), draft=MAIN)
     with pytest.raises(RuntimeError, match="in use by another thread"):
-        pm.generation_test(pair, MAIN, 2, n_prompts=2)
+        ex.generation_test(pair, MAIN, 2, n_prompts=2)
     pair.go.set()
     thread.join(timeout=60)
     alone = PAIR.generate(prompt, 20, 3, np.random.default_rng(5), draft=MAIN)
@@ -640,7 +643,7 @@ def stored_run(pipeline, seed=0):
 
 
 def test_generation_test_passes_the_real_pipeline_at_its_default_size():
-    result = pm.generation_test(PAIR, MAIN, 4, seed=0)
+    result = ex.generation_test(PAIR, MAIN, 4, seed=0)
     assert result.passed and result.p_value > result.level == 1e-3
     assert result.n_values == 256 * 64 == result.counts.sum()
     assert result.min_rollbacks >= 4 and result.calls >= 20  # every row rolled back, often
@@ -651,12 +654,12 @@ def test_generation_test_passes_the_real_pipeline_at_its_default_size():
     "bug, size", [("stale target position", 64), ("residual from p", 64), ("q row off by one", 64)]
 )
 def test_generation_test_rejects_each_planted_bug_through_the_same_path(bug, size):
-    result = pm.generation_test(pm.BrokenPair(PAIR, bug), MAIN, 4, seed=0, n_prompts=size)
+    result = ex.generation_test(ex.BrokenPair(PAIR, bug), MAIN, 4, seed=0, n_prompts=size)
     assert not result.passed and result.p_value < 1e-6, result.p_value  # p below 1e-6
 
 
 def test_generation_test_rejects_the_one_uniform_rule_at_its_default_size():
-    result = pm.generation_test(pm.BrokenPair(PAIR, "one uniform"), MAIN, 4, seed=0)
+    result = ex.generation_test(ex.BrokenPair(PAIR, "one uniform"), MAIN, 4, seed=0)
     assert not result.passed, result.p_value
     assert result.p_value == pytest.approx(stored_run("one uniform")["p_value"], rel=1e-9)
 
@@ -680,9 +683,9 @@ def test_the_two_token_tests_detection_probability_matches_a_simulation_over_see
 
 
 def test_a_draft_cache_never_rolled_back_stays_exact_and_costs_acceptance():
-    broken = pm.BrokenPair(PAIR, "draft cache not rolled back")
-    stale = pm.generation_test(broken, MAIN, 4, seed=0, n_prompts=64)
-    fresh = pm.generation_test(PAIR, MAIN, 4, seed=0, n_prompts=64)
+    broken = ex.BrokenPair(PAIR, "draft cache not rolled back")
+    stale = ex.generation_test(broken, MAIN, 4, seed=0, n_prompts=64)
+    fresh = ex.generation_test(PAIR, MAIN, 4, seed=0, n_prompts=64)
     assert stale.passed and fresh.passed  # exact for any q that drew the drafts
     # tokens per call: about 2.9 against 2.4, each ±0.03 over 64 rows
     assert stale.tokens_per_call < fresh.tokens_per_call - 0.2
@@ -713,10 +716,10 @@ def test_a_draft_cache_never_rolled_back_stays_exact_and_costs_acceptance():
 def test_generation_test_refuses_bad_arguments_by_name(kwargs, error, message):
     args = dict(pair=PAIR, draft=MAIN, gamma=2, n_prompts=2) | kwargs
     with pytest.raises(error, match=message):
-        pm.generation_test(**args)
+        ex.generation_test(**args)
 
 
 def test_broken_pair_refuses_an_unknown_bug():
     with pytest.raises(ValueError, match="bug must be one of"):
-        pm.BrokenPair(PAIR, "typo")
-    assert pm.BrokenPair(PAIR, "one uniform")._lock is PAIR._lock  # shares the models' lock
+        ex.BrokenPair(PAIR, "typo")
+    assert ex.BrokenPair(PAIR, "one uniform")._lock is PAIR._lock  # shares the models' lock

@@ -1,0 +1,252 @@
+"""Chapter 9: exactness through the real models, a test that can fail, and its controls.
+
+Under exactness every emitted token is a draw from the target's law given its prefix, so the
+randomized probability integral transform of every token is i.i.d. uniform (Rosenblatt, 1952),
+whatever the prompt, the position or the path (kept draft, residual or bonus) it came from.
+`generation_test` runs `Pair.run`, the real path, and tests them all at once; a `BrokenPair`
+plants one bug in the same loop, for the negative controls.
+"""
+
+from numbers import Real
+from typing import NamedTuple
+
+import numpy as np
+from scipy import stats
+
+from .checks import _check_count, _check_positive_count
+from .pair import Pair
+from .rule import BROKEN_RULES
+from .transformer import one_blas_thread, softmax_law
+from .verify import _verify, verify
+
+GENERATION_LEVEL = 1e-3  # generation_test's level: a correct pipeline fails it this often, by seed
+MAX_TEST_PROMPTS = 2048  # prompts of one generation_test: its KV caches stay under 1 GiB
+PIT_BINS = 20  # GenerationTest.counts: PIT values in each twentieth of [0, 1]
+
+
+class GenerationTest(NamedTuple):
+    """generation_test's verdict, and what ran."""
+
+    p_value: float  # Kolmogorov–Smirnov test of the PIT values against uniform on [0, 1]
+    passed: bool  # p_value > level
+    level: float
+    statistic: float  # the KS distance D = sup |empirical CDF − u|
+    n_values: int  # PIT values tested: one per emitted token, n_prompts · n_tokens
+    counts: np.ndarray  # (PIT_BINS,) PIT values in each equal bin of [0, 1]
+    draft: str | None
+    gamma: int
+    seed: int
+    n_prompts: int
+    n_tokens: int
+    prompt_length: int
+    temperature: float
+    calls: int  # target calls of the run
+    min_rollbacks: int  # rollbacks of the row with fewest: steps that discarded a draft
+    tokens_per_call: float  # tokens a target call emitted, averaged over the run's steps
+    test: str  # what was tested, in words
+
+
+def pit_values(laws, tokens, uniforms, key):
+    """The randomized PIT u = F(x−) + U·p(x) of each token x (…) under its law p (…, V), with
+    U (…) uniform: F(x−) is the mass of the tokens before x when they are sorted by key (…, V)
+    ascending, ties by index. If each x is drawn from its p given everything before it, the u
+    are i.i.d. uniform on [0, 1] (Rosenblatt), for any key that the past fixes."""
+    p_x = np.take_along_axis(laws, tokens[..., None], axis=-1)  # (…, 1)
+    k_x = np.take_along_axis(key, tokens[..., None], axis=-1)
+    before = (key < k_x) | ((key == k_x) & (np.arange(laws.shape[-1]) < tokens[..., None]))
+    return (laws * before).sum(axis=-1) + uniforms * p_x[..., 0]
+
+
+def _fresh_laws(target, sequences, prompt_length, temperature, chunk=64):
+    """The target's law (B, n, V) of each token after the prompt, given its prefix, from one
+    forward call over each sequence (B, prompt_length + n) from an empty cache: no rollback."""
+    out = []
+    for start in range(0, len(sequences), chunk):
+        inputs = sequences[start : start + chunk, :-1]
+        target.reset(len(inputs), inputs.shape[1])
+        out.append(softmax_law(target.forward(inputs)[:, prompt_length - 1 :], temperature))
+    return np.concatenate(out)
+
+
+def generation_test(
+    pair,
+    draft,
+    gamma,
+    seed=0,
+    n_prompts=256,
+    n_tokens=64,
+    prompt_length=16,
+    temperature=1.0,
+    level=GENERATION_LEVEL,
+):
+    """Test that `pair.run` with this draft and γ emits the target's law, through the real path:
+    n_prompts held-out prompts of prompt_length characters (seeded offsets) in one batch, each
+    run for n_tokens with the KV caches, their rollbacks and rows leaving the batch. A fresh
+    forward call of the target over each output gives every token's law given its prefix; the
+    PIT values of all tokens (pit_values, their uniforms from a stream of their own) are tested
+    against uniform by one Kolmogorov–Smirnov test. The tokens are sorted by q/p, the ratio of a
+    fresh call of the draft's law to the target's at each prefix (q uniform when draft is None):
+    any order the prefix fixes keeps the test exact, and this one puts the tokens a draft-side
+    bug over-emits, where q > p, together near u = 1. A GenerationTest; seed fixes all three
+    streams (prompts, generation, PIT)."""
+    if not isinstance(pair, Pair):
+        raise TypeError(f"pair must be a Pair (from load_pair()), got {type(pair).__name__}")
+    _check_count(seed, "seed")
+    why = "the batch's KV caches stay under 1 GiB"
+    _check_positive_count(n_prompts, "n_prompts", MAX_TEST_PROMPTS, why)
+    _check_positive_count(n_tokens, "n_tokens")
+    _check_positive_count(prompt_length, "prompt_length", pair.context - 1, "a token must follow")
+    if isinstance(level, bool) or not isinstance(level, Real) or not 0 < level < 1:
+        raise ValueError(f"level must be a number in (0, 1), got {level!r}")
+    seed, n_prompts, prompt_length = int(seed), int(n_prompts), int(prompt_length)
+    streams = [np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(3)]
+    heldout = pair.encode(pair.heldout_text)
+    starts = streams[0].integers(0, len(heldout) - prompt_length + 1, n_prompts)
+    prompts = heldout[starts[:, None] + np.arange(prompt_length)]
+    with pair._exclusive():  # the run and the fresh call hold the target's cache in turn
+        run = pair.run(prompts, n_tokens, gamma, streams[1], draft, temperature)
+        with one_blas_thread():
+            sequences = np.concatenate([prompts, run.tokens], axis=1)
+            laws = _fresh_laws(pair.target, sequences, prompt_length, temperature)
+            fresh = (pair.drafts[draft], sequences, prompt_length, temperature)
+            q = _fresh_laws(*fresh) if draft else 1.0  # no draft: q uniform, so p descending
+    with np.errstate(divide="ignore", invalid="ignore"):  # p = 0: never drawn under exactness
+        key = q / laws
+    u = pit_values(laws, run.tokens, streams[2].random(run.tokens.shape), key).ravel()
+    ks = stats.kstest(u, "uniform")
+    active = run.accepted >= 0  # (steps, B)
+    rollbacks = (active & (run.accepted < gamma)).sum(axis=0) if draft else np.zeros(1, int)
+    return GenerationTest(
+        p_value=float(ks.pvalue),
+        passed=bool(ks.pvalue > level),
+        level=float(level),
+        statistic=float(ks.statistic),
+        n_values=int(u.size),
+        counts=np.histogram(u, bins=PIT_BINS, range=(0, 1))[0],
+        draft=draft,
+        gamma=int(gamma) if draft else 0,
+        seed=seed,
+        n_prompts=n_prompts,
+        n_tokens=int(n_tokens),
+        prompt_length=prompt_length,
+        temperature=float(temperature),
+        calls=run.calls,
+        min_rollbacks=int(rollbacks.min()),
+        tokens_per_call=float((run.accepted[active] + 1).mean()) if draft else 1.0,
+        test=(
+            f"Kolmogorov–Smirnov test of {u.size:,} randomized PIT values (tokens in order of "
+            f"q/p at each prefix) against uniform on [0, 1], at the level {level:g}"
+        ),
+    )
+
+
+BUGS = {  # BrokenPair's planted bugs: each changes one piece of the generation loop
+    "stale target position": "the target's rollback keeps one stale position: the last one kept "
+    "holds the keys and values of the first one discarded",
+    "draft cache not rolled back": "the draft's cache is never rolled back: it drafts on after "
+    "every token it was fed, the rejected drafts included",
+    "residual from p": "after a rejection the token is drawn from p, not norm(max(0, p − q))",
+    "one uniform": "one uniform for all γ ratio tests of a step",
+    "q row off by one": "the ratio and the residual at draft i use the law that drew draft i + 1 "
+    "(the last draft its own)",
+}
+
+
+class BrokenPair(Pair):
+    """A Pair with one of BUGS planted, for generation_test's negative controls: it shares the
+    pair's models (and its lock) and runs the same generation loop, with one piece changed."""
+
+    def __init__(self, pair, bug):
+        if not isinstance(pair, Pair):
+            raise TypeError(f"pair must be a Pair, got {type(pair).__name__}")
+        if bug not in BUGS:
+            raise ValueError(f"bug must be one of {sorted(BUGS)}, got {bug!r}")
+        self.__dict__.update(pair.__dict__)
+        self.bug = bug
+
+    def _models(self, draft):
+        """The pair's models, the target or the draft wrapped by the bug."""
+        models = super()._models(draft)
+        if self.bug == "stale target position":
+            return (_StaleRollback(models[0]), *models[1:])
+        if self.bug == "draft cache not rolled back" and draft is not None:
+            return (models[0], _NoRollback(models[1]))
+        return models
+
+    def _verify(self, target_probs, draft_probs, draft_tokens, rng):
+        """The book's `verify`, or the bug's verifier."""
+        rule = {"residual from p": "resample from p", "one uniform": "one uniform"}.get(self.bug)
+        if rule:  # chapter 3's broken rules
+            return _verify(target_probs, draft_probs, draft_tokens, rng, BROKEN_RULES[rule])
+        if self.bug == "q row off by one":
+            draft_probs = np.concatenate([draft_probs[:, 1:], draft_probs[:, -1:]], axis=1)
+        return verify(target_probs, draft_probs, draft_tokens, rng)
+
+
+class _StaleRollback:
+    """A transformer whose rollback keeps one stale position: after forgetting positions, the
+    last position kept holds the keys and values of the first one forgotten."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def __getattr__(self, name):
+        return getattr(self.model, name)
+
+    def rollback(self, lengths):
+        """The model's rollback, then the stale copy into the last position kept."""
+        model = self.model
+        before = model.lengths.copy()
+        model.rollback(lengths)
+        rows = np.flatnonzero((model.lengths < before) & (model.lengths >= 1))
+        kept = model.lengths[rows]
+        for cache in (model.keys, model.values):  # (L, B, length, d)
+            cache[:, rows, kept - 1] = cache[:, rows, kept]
+
+
+class _NoRollback:
+    """A draft whose cache is never rolled back: the loop sees the lengths it asks for, while the
+    model goes on from every token it was fed. When the model's cache is full, it starts again
+    from the last half of what it was fed (a count draft has no cache: no change)."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def __getattr__(self, name):
+        return getattr(self.model, name)
+
+    @property
+    def batch(self):
+        """Number of sequences."""
+        return len(self.lengths)
+
+    def reset(self, batch=1, length=None):
+        """Empty the cache with room for the longest the model knows."""
+        self.model.reset(batch)
+        self.lengths = np.zeros(batch, dtype=np.int64)
+        self.fed = np.zeros((batch, 0), dtype=np.int64)
+
+    def rollback(self, lengths):
+        """Only the lengths the loop sees."""
+        self.lengths = np.broadcast_to(np.asarray(lengths, dtype=np.int64), self.lengths.shape)
+
+    def select(self, rows):
+        """Keep only the sequences where rows (B,) is True."""
+        self.model.select(rows)
+        self.lengths, self.fed = self.lengths[rows], self.fed[rows]
+
+    def prefill(self, ids):
+        """Cache ids (B, n)."""
+        self.model.prefill(ids)
+        self.lengths, self.fed = self.lengths + ids.shape[1], np.asarray(ids)
+
+    def forward(self, ids):
+        """Logits (B, n, V) after everything fed so far, then ids (B, n)."""
+        ids = np.asarray(ids)
+        room = getattr(self.model, "keys", np.zeros((0, 0, 1 << 30))).shape[2]
+        if self.model.lengths.max() + ids.shape[1] > room:
+            self.model.reset(self.batch)
+            self.model.forward(self.fed[:, -(room // 2) :])
+        self.lengths = self.lengths + ids.shape[1]
+        self.fed = np.concatenate([self.fed, ids], axis=1)
+        return self.model.forward(ids)
