@@ -31,6 +31,9 @@ CONFIG_KEYS = ("n_layers", "d_model", "n_heads", "ff_mult", "max_len", "vocab_si
 CONFIG_LIMITS = dict(n_layers=256, d_model=2**16, n_heads=2**10, ff_mult=64, max_len=2**16)
 CONFIG_LIMITS["vocab_size"] = 2**20  # a config past these is refused before any array is read
 HEX = set("0123456789abcdef")
+# What reading a zip member may raise: a bad header or stream, an encrypted member (RuntimeError),
+# a compression method this Python lacks (NotImplementedError).
+ZIP_ERRORS = (ValueError, OSError, EOFError, zipfile.BadZipFile, RuntimeError, NotImplementedError)
 NPY_HEADERS = {(1, 0): np.lib.format.read_array_header_1_0}  # .npy versions a member may have
 NPY_HEADERS[2, 0] = np.lib.format.read_array_header_2_0
 
@@ -126,10 +129,12 @@ def _member_header(zf, info, path, name):
                 raise ValueError(f".npy format version {version} (1.0 and 2.0 are read)")
             shape, fortran, dtype = NPY_HEADERS[version](f, max_header_size=10_000)
             offset = f.tell()
-    except (ValueError, OSError, EOFError, zipfile.BadZipFile, SyntaxError) as error:
+    except (*ZIP_ERRORS, SyntaxError) as error:
         raise ValueError(f"{where} does not start with a valid .npy header: {error}") from None
-    if dtype.hasobject or dtype.kind not in "biufc" or dtype.fields is not None:
+    if dtype.hasobject:
         raise ValueError(f"{where} has dtype {dtype}, which needs pickle: refused")
+    if dtype.fields is not None or dtype.kind not in "biufc":
+        raise ValueError(f"{where} has dtype {dtype}, not an array of numbers: refused")
     n_bytes = math.prod(shape) * dtype.itemsize
     if n_bytes > MAX_ARRAY_BYTES:
         raise ValueError(f"{where} declares {n_bytes:,} bytes, past MAX_ARRAY_BYTES")
@@ -183,7 +188,7 @@ def _member_data(zf, info, path, header):
         with zf.open(info) as f:
             f.seek(info.file_size - n_bytes)
             data = f.read(n_bytes)
-    except (OSError, EOFError, zipfile.BadZipFile, ValueError) as error:
+    except ZIP_ERRORS as error:
         raise ValueError(f"{path}: member {info.filename} cannot be read: {error}") from None
     if len(data) != n_bytes:
         raise ValueError(f"{path}: member {info.filename} is truncated")

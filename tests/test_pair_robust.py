@@ -169,6 +169,24 @@ def short_vocabulary(manifest):
     manifest["corpus"]["vocabulary"] = manifest["corpus"]["vocabulary"][:-1]  # no 'z'
 
 
+def patched_headers(flag=0, method=None):
+    """A case: draft1-500.npz with every zip header's flag bits or-ed with flag (1: encrypted)
+    and, if given, its compression method replaced (99: one this Python lacks)."""
+
+    def change(folder, manifest):
+        data = bytearray((WEIGHTS / "draft1-500.npz").read_bytes())
+        for signature, at in ((b"PK\x03\x04", 6), (b"PK\x01\x02", 8)):  # local, central
+            for found in re.finditer(re.escape(signature), data):
+                start = found.start() + at
+                data[start] |= flag
+                if method is not None:
+                    data[start + 2 : start + 4] = method.to_bytes(2, "little")
+        (folder / NPZ).unlink()
+        (folder / NPZ).write_bytes(bytes(data))
+
+    return change
+
+
 BOMB_BYTES = 64 * 2**20  # the extra member inflates to 64 MiB (3 GiB in the issue: same path)
 
 
@@ -298,6 +316,18 @@ CASES = {  # name: (change(folder, manifest), the error's pattern), each loaded 
     "npz: an array that needs pickle": (
         with_array("draft1-500", "embed", lambda a: np.array([None, 1], dtype=object)),
         rf"{NPZ}: array embed has dtype object, which needs pickle: refused",
+    ),
+    "npz: a structured array": (
+        with_array("draft1-500", "embed", lambda a: np.zeros(3, dtype=[("x", "f4")])),
+        rf"{NPZ}: array embed has dtype .*, not an array of numbers: refused",
+    ),
+    "npz: encrypted members": (
+        patched_headers(flag=1),
+        rf"{NPZ}: array \w+ does not start with a valid .npy header: .*encrypted",
+    ),
+    "npz: a compression method this Python lacks": (
+        patched_headers(method=99),
+        rf"{NPZ}: array \w+ does not start with a valid .npy header: .*compression method",
     ),
     "npz: the wrong shape": (
         with_array("draft1-500", "layer0_w_o", lambda a: a[:, :-1]),
