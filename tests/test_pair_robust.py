@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from scipy import stats
 from threadpoolctl import threadpool_limits
 
 import specdec.exactness as ex
@@ -710,6 +711,26 @@ def test_the_two_token_tests_detection_probability_matches_a_simulation_over_see
     se = np.sqrt(predicted * (1 - predicted) / seeds)  # about 0.08 at 0.61: 3 s.e. is 0.23
     assert abs(rejected / seeds - predicted) <= 3 * se, (rejected, predicted)
     assert pm.detection_probability(null, null, n) == pytest.approx(1e-3)  # the control: size
+
+
+def test_the_q_over_p_order_is_what_sees_the_residual_bug():
+    """The same run's PIT values, in q/p order and in the tokens' index order (both exact)."""
+    broken = ex.BrokenPair(PAIR, "residual from p")
+    streams = [np.random.default_rng(s) for s in np.random.SeedSequence(0).spawn(3)]
+    held = PAIR.encode(PAIR.heldout_text)
+    starts = streams[0].integers(0, len(held) - 16 + 1, 64)
+    prompts = held[starts[:, None] + np.arange(16)]
+    run = broken.run(prompts, 64, 4, streams[1], MAIN)
+    sequences = np.concatenate([prompts, run.tokens], axis=1)
+    p = ex._fresh_laws(PAIR.target, sequences, 16, 1.0)
+    q = ex._fresh_laws(PAIR.drafts[MAIN], sequences, 16, 1.0)
+    uniforms = streams[2].random(run.tokens.shape)
+    index = np.broadcast_to(np.arange(V, dtype=float), p.shape)
+    ordered, plain = (ex.pit_values(p, run.tokens, uniforms, k).ravel() for k in (q / p, index))
+    assert stats.kstest(ordered, "uniform").pvalue < 1e-6  # generation_test's order: rejected
+    assert stats.kstest(plain, "uniform").pvalue > 1e-2  # index order: the shift averages out
+    test = ex.generation_test(broken, MAIN, 4, seed=0, n_prompts=64)  # the same run, tested
+    assert test.p_value == pytest.approx(stats.kstest(ordered, "uniform").pvalue, rel=1e-9)
 
 
 def test_a_draft_cache_never_rolled_back_stays_exact_and_costs_acceptance():
