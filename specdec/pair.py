@@ -2,7 +2,8 @@
 
 The target (4 layers, d = 128) and the transformer drafts were trained once with JAX by
 scripts/train_pair.py (`make train`); their float32 weights ship in specdec/weights with a
-manifest of hashes, configs and held-out losses. Here they run in numpy through chapter 8's
+manifest of hashes, configs and held-out losses, each file checked by `loading` before it is
+used. Here they run in numpy through chapter 8's
 transformer, so the book never imports JAX. Two more drafts come from the training split's
 character counts: a unigram and an add-one bigram.
 
