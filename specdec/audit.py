@@ -19,7 +19,7 @@ from scipy import stats
 from .checks import _check_count
 from .engine import RowSampler
 from .harness import AUDIT_TIMEOUT, Fault, Remote, Sandbox
-from .pipelines import noncentrality_needed
+from .pipelines import ROW_BUGS, ROW_EXACT, noncentrality_needed
 from .projections import (
     POWER,
     Scenario,
@@ -27,8 +27,10 @@ from .projections import (
     _statistics,
     component_rows,
     components,
+    direction_weights,
     engine_scenarios,
     exact_chi_square,
+    exact_scores,
     output_problem,
     run_ragged,
     run_scenario,
@@ -238,17 +240,85 @@ def _completed_codes(index, accepted, tokens, rng):
     return codes
 
 
-def _small_test(counts, law, level, rng):
-    """The exact chi-square test of counts (..., K) over the pooled cells of law for their n draws
-    (all the same): (statistic (...), critical value, degrees of freedom); df 0: no test."""
+def verifier_law(scenario, rule=ROW_EXACT, verified=None, bonus_before=False):
+    """The exact completed law (V**(γ+1),) of a verifier on a small scenario: drafts from q, the
+    RowRule run on the target rows as `verified` maps them (None: as they are), the bonus drawn
+    from the row before the last if bonus_before, every step completed by the target."""
+    target, draft = scenario.target, scenario.draft
+    gamma, vocab = draft.shape[:2]
+    verified = verified or (lambda rows: rows)
+    alive, done = np.ones(1), np.zeros(1)  # per prefix: every draft kept; or final token out
+    last, before = np.zeros(1, dtype=np.int64), np.zeros(1, dtype=np.int64)
+    for i in range(gamma):
+        p, q = verified(target[i][last]), draft[i][last]  # (N, V) along each prefix
+        accept = np.asarray(rule.accept(p, q), float)
+        rejected = alive[:, None] * rule.law_after_rejection(p, q, q * (1 - accept))
+        done = (done[:, None] * target[i][last]).ravel() + rejected.ravel()
+        alive = (alive[:, None] * q * accept).ravel()
+        before, last = np.repeat(last, vocab), np.tile(np.arange(vocab), len(last))
+    bonus = verified(target[gamma - 1][before] if bonus_before else target[gamma][last])
+    return (done[:, None] * target[gamma][last]).ravel() + (alive[:, None] * bonus).ravel()
+
+
+def _one_hot_rows(rows):
+    """Each row (N, V) as a one-hot at its first argmax."""
+    return (np.arange(rows.shape[-1]) == rows.argmax(axis=-1)[..., None]) * 1.0
+
+
+DIRECTIONS = {  # bug families the small suite also tests along their own direction
+    **{f"toward {key}": {"rule": rule} for key, rule in ROW_BUGS.items() if key != "tiny clamp"},
+    "toward argmax target at T > 0": {"verified": _one_hot_rows},
+    "toward bonus from the last draft position": {"bonus_before": True},
+}
+
+
+@functools.cache
+def _directions(index):
+    """{name: (law − exact law) on the possible outcomes} of the bugs that move scenario index."""
+    scenario = audit_scenarios()[index]
+    law = scenario_law(scenario)
+    out = {}
+    for name, bug in DIRECTIONS.items():
+        gap = (verifier_law(scenario, **bug) - law)[law > 0]
+        gap -= law[law > 0] * gap.sum()  # the move given no forbidden draw (those fail at once)
+        if np.abs(gap).sum() > 1e-9:  # a bug that leaves this scenario's law alone is no test
+            out[name] = gap
+    return out
+
+
+def small_statistics():
+    """The small suite's statistics: one joint-law test per scenario and one per direction."""
+    return len(audit_scenarios()) + sum(len(_directions(i)) for i in range(len(audit_scenarios())))
+
+
+def _small_scores(counts, law, rng):
+    """Exact scores (..., C − 1) of completed counts (..., K) over the pooled cells of law for
+    their n draws (all the same), with the cell of each outcome and the cells' law."""
     cell, cell_law = _pooled_cells(law, int(counts.sum(axis=-1).flat[0]))
     pooled = np.zeros(counts.shape[:-1] + (cell_law.size,), dtype=np.int64)
     np.add.at(pooled, (..., cell[law > 0]), counts[..., law > 0])
+    u = rng.random(counts.shape[:-1] + (cell_law.size - 1,))
+    return exact_scores(pooled, cell_law, u), cell[law > 0], cell_law
+
+
+def _small_tests(index, counts, level, rng):
+    """The small scenario's statistics on completed counts (..., K): {component: (statistic
+    (...), critical value, degrees of freedom, TV sized for)}; df 0: no test."""
+    law, n = scenario_law(audit_scenarios()[index]), int(counts.sum(axis=-1).flat[0])
+    z, cell, cell_law = _small_scores(counts, law, rng)
     df = cell_law.size - 1
-    if df < 1:
-        return np.full(counts.shape[:-1], np.nan), np.inf, 0
-    stat = exact_chi_square(pooled, cell_law, rng.random(counts.shape[:-1] + (df,)))
-    return stat, float(stats.chi2.isf(level, df)), df
+    out = {SMALL_COMPONENT: ((z**2).sum(axis=-1), float(stats.chi2.isf(level, df)), df, AUDIT_TV)}
+    shift = stats.norm.isf(level / 2) + stats.norm.ppf(AUDIT_POWER)  # two-sided, 1 df
+    for name, gap in _directions(index).items():
+        gap = np.bincount(cell, weights=gap, minlength=cell_law.size)  # over the pooled cells
+        w = direction_weights(cell_law, gap) if df else None
+        if w is None:  # all of the bug's move inside one pooled cell: nothing to test
+            out[name] = (np.zeros(z.shape[:-1]), np.inf, 0, np.nan)
+            continue
+        share = shift / np.sqrt(n * (gap**2 / cell_law).sum())  # of the bug's law, mixed in
+        tv = share * np.abs(gap).sum() / 2
+        out[name] = ((z @ w) ** 2, float(stats.chi2.isf(level, 1)), 1, float(tv))
+    return out
 
 
 def _outcome_name(code, length, vocab):
@@ -261,7 +331,8 @@ SMALL_COMPONENT = "joint law, completed to γ + 1 tokens"
 
 
 def _audit_row(verify_fn, index, level, rng):
-    """One small scenario: draw, verify, check the output, complete, test. A dict for the table."""
+    """One small scenario: draw, verify, check the output, complete, test. Rows for the table:
+    one for the joint law and one per direction, or one that names what went wrong."""
     scenario = audit_scenarios()[index]
     law = scenario_law(scenario)
     n, pooled = audit_draws(law, level)
@@ -278,10 +349,10 @@ def _audit_row(verify_fn, index, level, rng):
     try:
         result = verify_fn(target_rows, draft_rows, drafts.copy(), rng)
     except Exception as error:  # the audit reports any failure of the verifier, never crashes
-        return row | {"passed": False, "finding": f"raised {type(error).__name__}: {error}"}
+        return [row | {"passed": False, "finding": f"raised {type(error).__name__}: {error}"}]
     problem, accepted, tokens = output_problem(result, drafts, target_rows.shape[2])
     if problem:
-        return row | {"passed": False, "finding": problem}
+        return [row | {"passed": False, "finding": problem}]
     counts = np.bincount(_completed_codes(index, accepted, tokens, rng), minlength=law.size)
     gamma, vocab = scenario.draft.shape[:2]
     share = counts / n
@@ -293,19 +364,29 @@ def _audit_row(verify_fn, index, level, rng):
     }
     if counts[law == 0].sum():
         forbidden = counts[law == 0].sum()
-        return row | {"passed": False, "finding": f"{forbidden} draws of probability 0"}
-    stat, critical, df = _small_test(counts, law, level, rng)
-    if not df:  # one possible outcome: only a forbidden draw could have failed it
-        return row | {"p-value": 1.0, "passed": True, "finding": "law matches (one outcome)"}
-    stat = float(stat)
-    verdict = "law matches" if stat <= critical else "law differs from the exact one"
-    return row | {
-        "statistic": stat,
-        "critical": critical,
-        "p-value": float(stats.chi2.sf(stat, df)),
-        "passed": stat <= critical,
-        "finding": verdict,
-    }
+        return [row | {"passed": False, "finding": f"{forbidden} draws of probability 0"}]
+    rows = []
+    for component, (stat, critical, df, tv) in _small_tests(index, counts, level, rng).items():
+        line = row | {"component": component, "sized for TV": tv}
+        if component != SMALL_COMPONENT:
+            line |= {"worst cell": np.nan, "observed": np.nan, "exact": np.nan}
+        if not df:  # one possible outcome, or a move all inside one pooled cell
+            finding = "no draw of probability 0" if component == SMALL_COMPONENT else "no test"
+            rows.append(line | {"p-value": 1.0, "passed": True, "finding": finding})
+            continue
+        stat = float(stat)
+        differs = "law differs from the exact one" if df > 1 else "law moves " + component
+        rows.append(
+            line
+            | {
+                "statistic": stat,
+                "critical": critical,
+                "p-value": float(stats.chi2.sf(stat, df)),
+                "passed": stat <= critical,
+                "finding": "law matches" if stat <= critical else differs,
+            }
+        )
+    return rows
 
 
 COLUMNS = [
@@ -368,11 +449,11 @@ class AuditReport(NamedTuple):
 
 
 def _markov_rows(verify_fn, level, rng):
-    """The small suite's rows, one per scenario."""
+    """The small suite's rows, one per statistic (or one per scenario, naming what went wrong)."""
     rows = []
     for index, scenario in enumerate(audit_scenarios()):
         try:
-            rows.append(_audit_row(verify_fn, index, level, rng))
+            rows.extend(_audit_row(verify_fn, index, level, rng))
         except Exception as error:  # e.g. a verifier that broke the generator it was handed
             rows.append(
                 {
@@ -477,7 +558,7 @@ def audit_verifier(
     sandbox, verify_fn, drafter = _sandboxed(verify_fn, drafter, timeout)
     rng = np.random.default_rng(seed)
     if chosen is None:
-        rows = _markov_rows(verify_fn, AUDIT_LEVEL / len(audit_scenarios()), rng)
+        rows = _markov_rows(verify_fn, AUDIT_LEVEL / small_statistics(), rng)
     else:
         level = AUDIT_LEVEL / sum(len(components(s)) for s in chosen)
         rows = [row for s in chosen for row in _scenario_rows(verify_fn, s, level, rng, drafter)]
@@ -495,13 +576,21 @@ def detectable(report):
     """What the run behind report could see, in one line per suite: its sizing, from the table."""
     table = report.table
     small = table[table["component"] == SMALL_COMPONENT]
-    engine = table[table["component"] != SMALL_COMPONENT]["sized for TV"].dropna()
+    toward = table["component"].str.startswith("toward", na=False)
+    bugs = table[toward]["sized for TV"].dropna()
+    engine = table[(table["component"] != SMALL_COMPONENT) & ~toward]["sized for TV"].dropna()
     lines = []
     if len(small):
         lines.append(
             f"Sized to see: a completed law at TV ≥ {AUDIT_TV:g} from the exact one in any of "
             f"these {len(small)} scenarios, w.p. ≥ {AUDIT_POWER:g} each; smaller errors and "
             "anything outside these scenarios may pass."
+        )
+    if len(bugs):
+        lines.append(
+            f"Sized to see: along {len(bugs)} directions of known bugs, a verifier that follows "
+            f"the bug's law some of the time, from TV {bugs.median():.2g} (median; "
+            f"{bugs.min():.2g} to {bugs.max():.2g}), w.p. ≥ {AUDIT_POWER:g}."
         )
     if len(engine):
         lines.append(
@@ -516,7 +605,7 @@ def detectable(report):
 def suite_draws(suite):
     """The requests a suite hands the verifier in one run (one call each for a batch-1 engine)."""
     if suite == "small":
-        level = AUDIT_LEVEL / len(audit_scenarios())
+        level = AUDIT_LEVEL / small_statistics()
         return sum(audit_draws(scenario_law(s), level)[0] for s in audit_scenarios())
     return sum(len(s.target) * s.steps for s in engine_scenarios())
 
@@ -550,17 +639,32 @@ def _clopper_pearson(alarms, runs):
 
 def _null_small(runs, level, rng):
     """Alarms (runs,) of the small suite on an exact verifier: each scenario's completed counts
-    drawn from its law (multinomial), tested by the audit's own _small_test."""
+    drawn from its law (multinomial), tested by the audit's own _small_tests."""
     alarm = np.zeros(runs, dtype=bool)
-    for scenario in audit_scenarios():
-        law = scenario_law(scenario)
-        n, _ = audit_draws(law, level)
-        possible = law[law > 0] / law[law > 0].sum()
-        stat, critical, df = _small_test(
-            rng.multinomial(n, possible, size=runs), possible, level, rng
-        )
-        alarm |= (stat > critical) if df else False
+    for index in range(len(audit_scenarios())):
+        counts = _null_counts(index, level, rng, runs)
+        for stat, critical, df, _ in _small_tests(index, counts, level, rng).values():
+            alarm |= (stat > critical) if df else False
     return alarm
+
+
+def _small_testable(level):
+    """How many small-suite statistics can fail without a forbidden draw (df ≥ 1)."""
+    rng = np.random.default_rng(0)  # the test's degrees of freedom do not depend on the draws
+    return sum(
+        df > 0
+        for i in range(len(audit_scenarios()))
+        for *_, df, _ in _small_tests(i, _null_counts(i, level, rng), level, rng).values()
+    )
+
+
+def _null_counts(index, level, rng, runs=1):
+    """Completed counts (runs, K) of an exact verifier in small scenario index."""
+    law = scenario_law(audit_scenarios()[index])
+    counts = np.zeros((runs, law.size), dtype=np.int64)
+    possible = law[law > 0] / law[law > 0].sum()
+    counts[:, law > 0] = rng.multinomial(audit_draws(law, level)[0], possible, size=runs)
+    return counts
 
 
 def _null_engine(runs, level, rng, scenarios):
@@ -613,12 +717,9 @@ def null_false_alarms(suite="small", runs=10_000, seed=0, level=AUDIT_LEVEL, bat
         raise ValueError(f"suite must be one of {SUITES}, got {suite!r}")
     rng = np.random.default_rng(seed)
     if suite == "small":
-        count = len(audit_scenarios())
+        count = small_statistics()
         simulate = functools.partial(_null_small, level=level / count)
-        laws = [scenario_law(s) for s in audit_scenarios()]
-        testable = sum(
-            _pooled_cells(law, audit_draws(law, level / count)[0])[1].size > 1 for law in laws
-        )
+        testable = _small_testable(level / count)
     else:
         count = sum(len(components(s)) for s in engine_scenarios())
         simulate = functools.partial(

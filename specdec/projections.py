@@ -137,15 +137,13 @@ def sized_tv(cells, n_expected, level, power=POWER):
     return float(np.sqrt(noncentrality_needed(cells.size - 1, level, power) / (4 * n_expected)))
 
 
-def exact_chi_square(counts, law, u):
-    """A chi-square statistic of counts (..., C) against law (C,) that has, under that law,
-    exactly the chi-square law on C − 1 degrees of freedom: Σ z_j² over j < C − 1.
+def exact_scores(counts, law, u):
+    """Scores z (..., C − 1) of counts (..., C) against law (C,), exactly i.i.d. N(0, 1) under it.
 
     Cell j's count given the cells before it is binomial (the draws left, law_j / Σ_{i≥j} law_i);
     its randomized probability integral transform, F(k − 1) + u_j·P(k) with u_j uniform (..., C−1),
     is then exactly uniform and independent of the cells before, so z_j = Φ⁻¹ of it is exactly
-    N(0, 1), i.i.d. over j, at any count: no large-sample approximation. Each z_j² has the
-    noncentrality of Pearson's component, so the power is that of Pearson's test.
+    N(0, 1), i.i.d. over j, at any count: no large-sample approximation.
     """
     counts, law = np.asarray(counts, np.int64), np.asarray(law, float)
     left = counts.sum(axis=-1, keepdims=True) - np.cumsum(counts, axis=-1) + counts  # cells ≥ j
@@ -158,7 +156,29 @@ def exact_chi_square(counts, law, u):
     upper = 1 - lower  # 1 − U, recomputed from the upper tail where rounding would show
     far = upper < 1e-6
     upper[far] = stats.binom.sf(k[far], trials[far], share[far]) + (1 - u[far]) * at[far]
-    return (stats.norm.isf(np.minimum(lower, upper)) ** 2).sum(axis=-1)  # z² = Φ⁻¹(min)²
+    return np.where(upper < lower, 1.0, -1.0) * stats.norm.isf(np.minimum(lower, upper))
+
+
+def exact_chi_square(counts, law, u):
+    """Σ z_j² of exact_scores: exactly chi-square on C − 1 degrees of freedom under law, at any
+    count. Each z_j² has the noncentrality of Pearson's component, so the power is Pearson's."""
+    return (exact_scores(counts, law, u) ** 2).sum(axis=-1)
+
+
+def direction_weights(law, direction):
+    """Unit weights w (C − 1,) with Σ w_j z_j the score of exact_scores along direction (C,)
+    (an alternative law minus law): exactly N(0, 1) under law, shifted by √(n Σ d²/law) under
+    law + d for large n (z_j is, to first order, the standardized residual of cell j given the
+    cells after it). None if the direction has no weight."""
+    law, direction = np.asarray(law, float), np.asarray(direction, float)
+    tail = np.cumsum(law[::-1])[::-1][:-1]  # Σ_{i≥j} law_i
+    share = law[:-1] / tail
+    after = np.cumsum(direction[::-1])[::-1][1:]  # Σ_{i>j} d_i
+    spread = tail * share * (1 - share)
+    w = np.where(spread > 0, ((1 - share) * direction[:-1] - share * after), 0)
+    w = w / np.sqrt(np.where(spread > 0, spread, 1))
+    norm = float(np.sqrt((w**2).sum()))
+    return w / norm if norm > 1e-12 else None
 
 
 def pearson_test(cells, tokens, level, rng, unit="token"):
