@@ -158,6 +158,16 @@ def test_audit_draws_reach_the_promised_power_and_a_quarter_of_them_do_not():
 # ---- the exact statistic and the run-wise false-alarm rate ------------------------------------
 
 
+def test_verifier_law_of_the_exact_rule_is_the_target_law_and_a_bug_moves_it():
+    for index, scenario in enumerate(sc.audit_scenarios()):
+        law = sc.scenario_law(scenario)
+        assert np.abs(sc.verifier_law(scenario) - law).max() < 1e-12, scenario.name
+        bug = sc.verifier_law(scenario, rule=sc.ROW_BUGS["correction from p"])  # the control
+        assert abs(bug.sum() - 1) < 1e-12
+        if index in (0, 1, 4):  # scenarios where rejections happen and q matters
+            assert sc.total_variation(bug, law) > 0.05, scenario.name
+
+
 def test_exact_chi_square_has_its_level_at_any_count_and_pearson_does_not():
     """30 cells expecting 0.5 draws each: the exact statistic rejects at its level, 1e-3, within
     4 SE (40,000 trials, SE 1.6e-4); Pearson's, on the same counts, far above it."""
