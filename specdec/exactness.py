@@ -206,8 +206,8 @@ class _StaleRollback:
 
 class _NoRollback:
     """A draft whose cache is never rolled back: the loop sees the lengths it asks for, while the
-    model goes on from every token it was fed. When the model's cache is full, it starts again
-    from the last half of what it was fed (a count draft has no cache: no change)."""
+    model goes on from every token it was fed. When the model's cache is full, it starts over
+    with the last half of what it was fed (a count draft has no cache: no change)."""
 
     def __init__(self, model):
         self.model = model
