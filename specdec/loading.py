@@ -4,8 +4,8 @@ A manifest (manifest.json) lists the corpus, the models and their reference logi
 its sha256, and records the hash of the rest of itself. An .npz is read member by member: only
 the expected arrays, each .npy header checked (dtype, shape, declared size) before any data is
 inflated, every array finite. Each model's numpy logits must match the stored JAX ones. What is
-malformed raises a ValueError that names the file and the fault; `pair.load_pair` builds the pair
-from what passes.
+malformed raises a ValueError that names the file and the fault; what passes, `pair.load_pair`
+builds the pair with.
 """
 
 import hashlib
