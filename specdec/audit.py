@@ -266,9 +266,13 @@ def _one_hot_rows(rows):
 
 
 DIRECTIONS = {  # bug families the small suite also tests along their own direction
-    **{f"toward {key}": {"rule": rule} for key, rule in ROW_BUGS.items() if key != "tiny clamp"},
-    "toward argmax target at T > 0": {"verified": _one_hot_rows},
-    "toward bonus from the last draft position": {"bonus_before": True},
+    **{
+        f"direction of {key}": {"rule": rule}
+        for key, rule in ROW_BUGS.items()
+        if key != "tiny clamp"
+    },
+    "direction of argmax target at T > 0": {"verified": _one_hot_rows},
+    "direction of bonus from the last draft position": {"bonus_before": True},
 }
 
 
@@ -375,7 +379,7 @@ def _audit_row(verify_fn, index, level, rng):
             rows.append(line | {"p-value": 1.0, "passed": True, "finding": finding})
             continue
         stat = float(stat)
-        differs = "law differs from the exact one" if df > 1 else "law moves " + component
+        differs = "law differs from the exact one" if df > 1 else f"law moves along the {component}"
         rows.append(
             line
             | {
@@ -576,7 +580,7 @@ def detectable(report):
     """What the run behind report could see, in one line per suite: its sizing, from the table."""
     table = report.table
     small = table[table["component"] == SMALL_COMPONENT]
-    toward = table["component"].str.startswith("toward", na=False)
+    toward = table["component"].str.startswith("direction of", na=False)
     bugs = table[toward]["sized for TV"].dropna()
     engine = table[(table["component"] != SMALL_COMPONENT) & ~toward]["sized for TV"].dropna()
     lines = []
