@@ -755,7 +755,7 @@ def test_a_draft_cache_never_rolled_back_stays_exact_and_costs_acceptance():
         (dict(seed=1.5), ValueError, "seed must be a non-negative integer"),
         (dict(n_prompts=0), ValueError, "n_prompts must be at least 1"),
         (dict(n_prompts=True), ValueError, "n_prompts must be a non-negative integer"),
-        (dict(n_prompts=5000), ValueError, "n_prompts must be at most 2,048"),
+        (dict(n_prompts=5000), ValueError, "n_prompts must be at most 1,024"),
         (dict(n_tokens=0), ValueError, "n_tokens must be at least 1"),
         (dict(prompt_length=128), ValueError, "prompt_length must be at most 127"),
         (dict(n_tokens=120), ValueError, "exceeds the 128 positions"),
