@@ -31,9 +31,11 @@ name works as `sc.NAME`:
     article      what the article and the papers report                       all
     experiments  the seeded checks of chapters 1–4                            1–4
     transformer  a numpy transformer with a KV cache, the stopwatch           8
+    runtime      the same transformer run by ONNX Runtime: chapter 9's clock  9
     loading      the trained pair's files, each read after every check       9
-    pair         the trained pair: loading, generation, checks, race, plots   9
+    pair         the trained pair: generation, checks, plots                  9
     exactness    `generation_test`, exactness through the real models         9
+    race         costs apart, the prediction, the race, the roofline          9
     figures      the book's style, every plot, `FIGURES`                      all
 
 Each algorithm appears twice: a literal version that reads like the paper (dictionaries, one

@@ -243,7 +243,7 @@ def _completed_codes(index, accepted, tokens, rng):
 def verifier_law(scenario, rule=ROW_EXACT, verified=None, bonus_before=False):
     """The exact completed law (V**(γ+1),) of a verifier on a small scenario: drafts from q, the
     RowRule run on the target rows as `verified` maps them (None: as they are), the bonus drawn
-    from the row before the last if bonus_before, every step completed by the target."""
+    at the row before the last if bonus_before, every step completed by the target."""
     target, draft = scenario.target, scenario.draft
     gamma, vocab = draft.shape[:2]
     verified = verified or (lambda rows: rows)

@@ -275,7 +275,7 @@ def _ratio(frame):
 
 def bootstrap(frame, n_boot=2000, seed=0, level=0.95):
     """(speedup, low, high) of one setting's runs: the ratio of summed times, and the interval
-    from resampling prompts, then repeats within each prompt, with replacement."""
+    got by resampling prompts, then repeats within each prompt, with replacement."""
     rng = np.random.default_rng(seed)
     groups = [g[["plain", "seconds"]].to_numpy() for _, g in frame.groupby("prompt")]
     ratios = np.empty(n_boot)

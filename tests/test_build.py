@@ -146,6 +146,7 @@ def test_every_module_the_core_and_chapters_import_is_declared_or_standard():
     }
     provided = {"numpy", "scipy", "matplotlib", "matplotlib_inline", "pandas", "myst_nb"}
     provided |= {"ipywidgets", "IPython", "threadpoolctl"}  # IPython comes with any kernel
+    provided |= {"onnx", "onnxruntime"}  # chapter 9's runtime
     third_party = imported - set(sys.stdlib_module_names) - set(own)
     assert third_party <= provided, third_party - provided
 
