@@ -22,7 +22,8 @@ name works as `sc.NAME`:
     pipelines    sampling settings, the bugs real engines shipped             6
     projections  engine-shaped scenarios, exact projections of the output     6
     harness      the verifier in a child process; its time limit              6
-    audit        `audit_verifier`, its suites, verifiers with planted bugs    6
+    planted      verifiers and drafters to audit, bugs planted in them        6
+    audit        `audit_verifier`, its suites, what a run can detect          6
     adapters     HF's and vLLM's interfaces in numpy, adapters, torch         6
     cli          the audit's command line                                     6
     multidraft   several candidates at one position                           7
@@ -56,6 +57,7 @@ from specdec.theory import *
 from specdec.pipelines import *
 from specdec.projections import *
 from specdec.harness import AUDIT_TIMEOUT
+from specdec.planted import *
 from specdec.audit import *
 from specdec.adapters import *
 from specdec.cli import main

@@ -20,7 +20,7 @@ import types
 
 import numpy as np
 
-from .audit import _draw
+from .planted import _draw
 
 # ---- backends: numpy arrays, or tensors of a torch module -------------------------------------
 

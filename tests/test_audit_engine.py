@@ -128,7 +128,7 @@ def hf_unclamped(
 ):
     """The HF-shaped function with PR 28508's bug: softmax of the clamped residual."""
     from specdec.adapters import _softmax
-    from specdec.audit import _draw
+    from specdec.planted import _draw
 
     drafts = candidate_input_ids[0, -candidate_length:]
     q, p = _softmax(candidate_logits[0]), _softmax(new_logits[0])
