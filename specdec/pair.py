@@ -39,7 +39,6 @@ from .loading import (
 )
 from .rule import EXACT_RULE
 from .style import MARKERS, OKABE_ITO, _series, new_figure
-from .theory import expected_tokens
 from .transformer import (
     BLAS_THREADS,
     TinyTransformer,
@@ -470,29 +469,94 @@ def detection_probability(law, null, n, level=1e-3):
 
 
 def tokens_per_call(run):
-    """Tokens per target call of a speculative Run, measured and predicted, each as (mean, s.e.)
-    over rows: Eq. 1 at the run's α; Σ_i Π_{j≤i} β_j of each step; Σ_i Π_{j≤i} min(1, p/q) of
-    each step's drafts, its expected tokens given them. The run must be made with record=True."""
+    """Tokens per target call of a speculative Run, measured and predicted from the same steps.
+
+    Every value is a ratio of totals over all the rows' steps, each row's last step included: a
+    step is taken while its row lacks tokens, decided before the step, so by Wald's identity the
+    totals carry no stopping bias (each row's own mean has some: a row that drew long steps
+    stops after fewer of them). α is the mean β over the tested positions, those whose earlier
+    drafts in their step were all kept: Equation 1's α is the acceptance probability of a tested
+    position. "alpha, all positions" averages every drafted position instead. The predictions
+    are Eq. 1 at either α, 1 + Σ_i Π_{j≤i} β_j of each step, and 1 + Σ_i Π_{j≤i} min(1, p/q) of
+    each step's drafts (its expected count given them). Each entry is (value, s.e.); for a
+    prediction the s.e. is that of prediction − measured, by the jackknife over rows of the
+    difference itself, so paired by row. The run must be made with record=True."""
     if run.betas is None:
         raise ValueError("run must come from pair.run(..., record=True) with a draft")
     active = run.accepted >= 0  # (steps, B)
-    steps = active.sum(axis=0)  # (B,)
-
-    def per_row(values):  # (steps, B) -> (mean, s.e.) over rows of each row's mean per call
-        rows = np.where(active, values, 0).sum(axis=0) / steps
-        return float(rows.mean()), float(rows.std(ddof=1) / np.sqrt(len(rows)))
+    gamma = run.betas.shape[-1]
+    tested = _tested(run)  # (steps, B, γ)
 
     def chain(x):  # (steps, B, γ) -> 1 + Σ_i Π_{j≤i} x_j
         return 1 + np.cumprod(x, axis=-1).sum(axis=-1)
 
-    alpha = float(run.betas[active].mean())
-    return {
-        "measured": per_row(run.accepted + 1),
-        "beta products": per_row(chain(run.betas)),
-        "given the drafts": per_row(chain(run.ratios)),
-        "alpha": alpha,
-        "Eq. 1": expected_tokens(alpha, run.betas.shape[-1]),
-    }
+    per_row = np.stack(  # (B, 7): each row's totals
+        [
+            np.where(active, run.accepted + 1, 0).sum(axis=0),
+            np.where(active, chain(run.betas), 0).sum(axis=0),
+            np.where(active, chain(run.ratios), 0).sum(axis=0),
+            np.where(tested, run.betas, 0).sum(axis=(0, 2)),
+            tested.sum(axis=(0, 2)),
+            np.where(active[..., None], run.betas, 0).sum(axis=(0, 2)),
+            active.sum(axis=0),
+        ],
+        axis=-1,
+    ).astype(float)
+
+    def statistics(sums):  # (..., 7) totals -> {name: (...,)}; predictions as differences
+        tokens, products, given, beta_tested, tests, beta_all, steps = np.moveaxis(sums, -1, 0)
+        measured = tokens / steps
+        alpha, alpha_all = beta_tested / tests, beta_all / (steps * gamma)
+        return {
+            "measured": measured,
+            "Eq. 1": _eq1(alpha, gamma) - measured,
+            "Eq. 1, all positions": _eq1(alpha_all, gamma) - measured,
+            "beta products": products / steps - measured,
+            "given the drafts": given / steps - measured,
+            "alpha": alpha,
+            "alpha, all positions": alpha_all,
+        }
+
+    whole = statistics(per_row.sum(axis=0))
+    left_out = statistics(per_row.sum(axis=0) - per_row)  # each row left out in turn, (B,)
+    out = {key: (float(whole[key]), _jackknife_se(left_out[key])) for key in whole}
+    for key in ("Eq. 1", "Eq. 1, all positions", "beta products", "given the drafts"):
+        out[key] = (out["measured"][0] + out[key][0], out[key][1])
+    return out
+
+
+def acceptance_by_position(run):
+    """Acceptance at each draft position of a recorded Run among its tested positions: (kept
+    (γ,), tests (γ,), p-value of Pearson's test that every position keeps at one rate). Under
+    Equation 1's model every test is an independent draw with the same α, so the p-value is
+    uniform then."""
+    if run.betas is None:
+        raise ValueError("run must come from pair.run(..., record=True) with a draft")
+    gamma = run.betas.shape[-1]
+    tested = _tested(run)
+    kept = tested & (np.arange(gamma) < run.accepted[..., None])
+    kept, tests = kept.sum(axis=(0, 1)), tested.sum(axis=(0, 1))
+    if gamma < 2:
+        return kept, tests, 1.0
+    table = np.stack([kept, tests - kept])
+    return kept, tests, float(stats.chi2_contingency(table, correction=False).pvalue)
+
+
+def _tested(run):
+    """(steps, B, γ): the drafted positions whose test ran, every earlier draft of the step kept."""
+    gamma = run.betas.shape[-1]
+    return (run.accepted[..., None] >= 0) & (np.arange(gamma) <= run.accepted[..., None])
+
+
+def _eq1(alpha, gamma):
+    """Equation 1, Σ_{i=0..γ} α^i, for an array of α."""
+    return sum(alpha**i for i in range(gamma + 1))
+
+
+def _jackknife_se(left_out):
+    """The jackknife standard error from a statistic's leave-one-out values (n,)."""
+    n = len(left_out)
+    return float(np.sqrt((n - 1) / n * ((left_out - left_out.mean()) ** 2).sum()))
 
 
 # ---- Held-out text: α, β and the loss along real contexts --------------------------------------

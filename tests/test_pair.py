@@ -241,3 +241,48 @@ def test_the_book_never_imports_jax():
     code = "import specdec_core as sc, sys; sc.load_pair(); print('jax' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+# ---- tokens per call: the estimators of chapter 9 --------------------------------------------
+
+
+def iid_run(rates, n_rows, n_tokens=64, seed=0, untested_beta=0.3):
+    """A recorded Run whose step i-th test keeps its draft w.p. rates[i], independently (Eq. 1's
+    model when the rates are equal); β is the rate at tested positions, untested_beta elsewhere,
+    and min(1, p/q) the rate, so "given the drafts" is the exact expectation of every step."""
+    rates = np.asarray(rates, float)
+    gamma, max_steps = len(rates), n_tokens
+    kept = np.random.default_rng(seed).random((max_steps, n_rows, gamma)) < rates
+    accepted = np.where(kept.all(-1), gamma, np.argmin(kept, -1))  # leading kept drafts
+    before = np.cumsum(accepted + 1, axis=0) - (accepted + 1)  # tokens before each step
+    accepted = np.where(before < n_tokens, accepted, -1)
+    tested = (accepted[..., None] >= 0) & (np.arange(gamma) <= accepted[..., None])
+    betas = np.where(tested, rates, untested_beta)
+    ratios = np.broadcast_to(rates, betas.shape)
+    return specdec.pair.Run(None, None, accepted, betas, ratios, max_steps)
+
+
+def test_tokens_per_call_is_free_of_stopping_bias_where_each_rows_own_mean_is_not():
+    # Equation 1's model at α = 0.72, γ = 4: 20,000 rows of 64 tokens. The pooled estimate's
+    # s.e. is about 0.0025 (0.09 %); each row's own mean is biased by about +1.3 % (simulated
+    # with 4,000 × 48 rows: +1.34 % ± 0.03 %), about 15 s.e.: 4 s.e. separates the two.
+    run = iid_run([0.72] * 4, 20_000)
+    out = specdec.pair.tokens_per_call(run)
+    eq1 = sc.expected_tokens(0.72, 4)
+    value, se = out["measured"]
+    assert abs(value - eq1) <= 4 * se and se < 0.004
+    active = run.accepted >= 0
+    own_means = (np.where(active, run.accepted + 1, 0).sum(0) / active.sum(0)).mean()
+    assert own_means - eq1 > 4 * se  # the control: the per-row mean's stopping bias is seen
+    assert out["alpha"][0] == pytest.approx(0.72, abs=1e-12)  # tested positions only
+    assert out["alpha, all positions"][0] < 0.7  # the untested positions' β pulled it down
+    assert abs(out["given the drafts"][0] - value) <= 4 * out["given the drafts"][1]
+
+
+def test_acceptance_by_position_passes_equal_rates_and_rejects_rising_ones():
+    # seeded; under Eq. 1's model the p-value is uniform, so 1e-3 fails it w.p. 1e-3. With
+    # 2,000 rows of 64 tokens each position has over 10,000 tests: a 0.1 gap is over 10 s.e.
+    kept, tests, p = specdec.pair.acceptance_by_position(iid_run([0.75] * 4, 2_000, seed=1))
+    assert p > LEVEL and (kept <= tests).all() and (np.diff(tests) <= 0).all()
+    _, _, p = specdec.pair.acceptance_by_position(iid_run([0.6, 0.7, 0.8, 0.9], 2_000, seed=1))
+    assert p < LEVEL
