@@ -14,7 +14,6 @@ prompt, tokens and draft positions need more is refused, so every law here is th
 
 import html
 import threading
-import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import NamedTuple
@@ -38,11 +37,10 @@ from .loading import (
     _weights,
 )
 from .rule import EXACT_RULE
-from .style import MARKERS, OKABE_ITO, _series, new_figure
+from .style import OKABE_ITO, new_figure
 from .transformer import (
     BLAS_THREADS,
     TinyTransformer,
-    _call_costs,
     one_blas_thread,
     softmax_law,
 )
@@ -250,8 +248,10 @@ class Pair:
         return (self.target,) if draft is None else (self.target, self.drafts[draft])
 
     def _verify(self, target_probs, draft_probs, draft_tokens, rng):
-        """The verifier a run calls: the book's `verify`."""
-        return verify(target_probs, draft_probs, draft_tokens, rng)
+        """The verifier a run calls: the book's `verify`, without the per-call input checks (the
+        loop makes its inputs: softmax rows of finite logits, drafts drawn from them, and a
+        generator `run` checked once); the same draws and tokens as `verify`."""
+        return _verify(target_probs, draft_probs, draft_tokens, rng, EXACT_RULE)
 
     def _check_prompt(self, prompt_ids):
         """prompt_ids as (B, T ≥ 1) int64 ids; a 1-D prompt is one row."""
@@ -600,84 +600,7 @@ def autocorrelation(series, max_lag):
     )
 
 
-# ---- The race: plain against speculative decoding through the trained models -----------------
-
-
-class _Stopwatch:
-    """A model whose forward calls add their CPU seconds to .seconds; the rest passes through."""
-
-    def __init__(self, model):
-        self.model, self.seconds = model, 0.0
-
-    def __getattr__(self, name):
-        return getattr(self.model, name)
-
-    def forward(self, ids):
-        """The model's forward call, timed."""
-        start = time.thread_time()
-        out = self.model.forward(ids)
-        self.seconds += time.thread_time() - start
-        return out
-
-
-class RaceRow(NamedTuple):
-    """One timed run (seconds of this thread's CPU): total, inside model calls, and counts."""
-
-    draft: str  # "plain" for plain decoding
-    gamma: int
-    repeat: int
-    seconds: float
-    model_seconds: float
-    calls: int  # target calls
-    tokens: int  # tokens emitted, overshoot of the last step included
-
-
-def _timed_run(pair, prompt, n_tokens, gamma, draft, seed):
-    """A RaceRow's fields after the names: one run with its model calls timed."""
-    target = _Stopwatch(pair.target)
-    models = (target,) if draft is None else (target, _Stopwatch(pair.drafts[draft]))
-    rng = np.random.default_rng(seed)
-    start = time.thread_time()
-    for model in models:
-        _prime(model, prompt[None], len(prompt) + n_tokens + gamma)
-    if draft is None:
-        run = _plain(target, prompt[None], n_tokens, rng, 1.0)
-    else:
-        run = _speculative(*models, prompt[None], n_tokens, gamma, rng, 1.0)
-    seconds = time.thread_time() - start
-    emitted = int((run.accepted[run.accepted >= 0] + 1).sum()) if draft else n_tokens
-    return seconds, sum(m.seconds for m in models), run.calls, emitted
-
-
-def race(pair, settings, prompt, n_tokens, repeats, seed=9):
-    """RaceRows for plain decoding and each (draft, γ) of settings, repeats interleaved."""
-    rows = []
-    with threadpool_limits(limits=BLAS_THREADS, user_api="blas"):
-        for r in range(repeats):
-            for draft, gamma in [(None, 0), *settings]:
-                timed = _timed_run(pair, prompt, n_tokens, gamma, draft, seed + r)
-                rows.append(RaceRow(draft or "plain", gamma, r, *timed))
-    return rows
-
-
-def call_costs(pair, drafts, max_positions, context, repeats):
-    """Median seconds (T(1), …, T(max_positions)) of a target call and of one call of each
-    draft, after `context` cached positions, from `repeats` interleaved measurements."""
-    times = {name: [] for name in drafts}
-    target = []
-    with threadpool_limits(limits=BLAS_THREADS, user_api="blas"):
-        for _ in range(repeats):
-            for name in drafts:
-                *t, d = _call_costs(
-                    pair.target, pair.drafts[name], range(1, max_positions + 1), context
-                )
-                target.append(t)
-                times[name].append(d)
-    medians = {name: float(np.median(t)) for name, t in times.items()}
-    return np.median(np.array(target), axis=0), medians
-
-
-# ---- Figures and the marked passage -----------------------------------------------------------
+# ---- Plots ---------------------------------------------------------------------------------------
 
 
 def plot_beta_histograms(betas):
@@ -692,54 +615,6 @@ def plot_beta_histograms(betas):
         ax.axvline(beta.mean(), color="black", linestyle="--", linewidth=1.2)
         ax.set(title=f"{name}: α = {beta.mean():.2f}", xlabel="β", ylabel="% of contexts")
     ax.set_xlabel("β at a held-out context (dashed: its mean, α)")
-    return fig
-
-
-def plot_draft_choice(points, best):
-    """Each draft at (α, c), with Corollary 3.9's boundary α = c; the best γ measured in its label.
-
-    points: {name: (α, c)}; best: {name: (γ, speedup)}."""
-    fig, ax = new_figure(figsize=(5.4, 6.0))
-    top = max(max(c for _, c in points.values()) * 1.3, 0.1)
-    grid = np.linspace(0, 1, 50)
-    ax.fill_between(grid, grid, top, color="grey", alpha=0.15, label="α < c: no γ pays (Thm 3.8)")
-    ax.plot(grid, grid, color="black", linewidth=1)
-    for i, (name, (alpha, c)) in enumerate(points.items()):
-        gamma, speedup = best[name]
-        label = f"{name}: γ = {gamma}, {speedup:.2f}×"  # the γ that raced fastest
-        ax.plot(alpha, c, MARKERS[i % 7], color=OKABE_ITO[i % 7], markersize=10, label=label)
-    ax.set(xlim=(0, 1), ylim=(0, top), xlabel="α (held-out contexts)")
-    ax.set(ylabel="c = draft call / T(1)", title="Which draft: α against c, best γ measured")
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=1)
-    return fig
-
-
-def plot_pair_race(measured, predicted, theorem):
-    """Speedup against γ per draft: measured (markers, with the spread of repeats as bars), the
-    measured-cost form with overhead (line), Theorem 3.8 (dotted). Each: {name: {γ: value}}."""
-    fig, ax = new_figure(figsize=(5.4, 5.4))
-    for i, name in enumerate(measured):
-        gammas = sorted(measured[name])
-        style = _series(i)
-        low, mid, high = (np.array([measured[name][g][k] for g in gammas]) for k in range(3))
-        shift = 0.09 * (i - (len(measured) - 1) / 2)  # side by side, so the bars do not hide
-        ax.errorbar(
-            np.array(gammas) + shift,
-            mid,
-            yerr=[mid - low, high - mid],
-            fmt=style["marker"],
-            capsize=3,
-            color=style["color"],
-            label=f"{name}",
-        )
-        ax.plot(gammas, [predicted[name][g] for g in gammas], color=style["color"])
-        ax.plot(gammas, [theorem[name][g] for g in gammas], color=style["color"], linestyle=":")
-    ax.plot([], [], color="black", label="form with o")  # the line styles, in the legend
-    ax.plot([], [], color="black", linestyle=":", label="Theorem 3.8")
-    ax.axhline(1, color="black", linewidth=0.8)
-    ax.set(xlabel="γ (drafts per target call)", ylabel="speedup over plain decoding")
-    ax.set_title("The race: measured, the form, Theorem 3.8")
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=3)
     return fig
 
 

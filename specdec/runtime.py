@@ -165,7 +165,7 @@ class RuntimeTransformer(TinyTransformer):
         if not isinstance(model, TinyTransformer):
             raise TypeError(f"model must be a TinyTransformer, got {type(model).__name__}")
         weights = model.embed, model.position, model.layers, model.final_norm, model.unembed
-        return cls(model.config, model.batch, weights)
+        return cls(model.config, 1, weights)
 
     def forward(self, ids):
         """Logits (B, n, V) for n new ids per sequence (B, n), appended after the cache."""
