@@ -356,11 +356,12 @@ def _read_rate(n_bytes, repeats):
     return n_bytes / min(_seconds(a.sum) for _ in range(repeats))
 
 
-def machine_rates(repeats=5):
-    """Machine: the rates a call of any model here is bounded by, one BLAS thread."""
+def machine_rates(repeats=5, l3=None):
+    """Machine: the rates a call of any model here is bounded by, one BLAS thread (l3: the
+    cache size to assume, else the machine's)."""
     rng = np.random.default_rng(0)
     a = rng.standard_normal((1024, 1024), dtype=np.float32)
-    l3 = l3_bytes()
+    l3 = l3_bytes() if l3 is None else l3
     with one_blas_thread():
         a @ a
         gemm = 2 * 1024**3 / min(_seconds(a.__matmul__, a) for _ in range(repeats))

@@ -156,3 +156,45 @@ def test_the_verdict_is_chosen_on_even_repeats_and_measured_on_odd_ones():
     assert verdict.draft == "lucky"  # best on the even repeats...
     assert verdict.speedup == pytest.approx(2 / 1.4)  # ...reported on the odd ones only
     assert set(table.draft) == {"lucky", "steady"}
+
+
+@pytest.fixture(scope="module")
+def large():
+    return sc.load_pair(target="target-large")
+
+
+def test_the_large_target_loads_past_the_l3_and_its_runtime_twin_agrees(large):
+    cfg = large.target.config
+    assert (cfg.n_layers, cfg.d_model) == (4, 512)
+    assert race.matrix_weights(cfg) * 4 > 32 * 2**20  # float32 weights larger than a 32 MiB L3
+    assert large.drafts.keys() == sc.load_pair().drafts.keys()  # the same drafts
+    ids = np.stack([large.encode(large.heldout_text[s : s + 50]) for s in (0, 30_000)])
+    fast = RuntimeTransformer.twin(large.target)
+    assert np.abs(_logits(large.target, ids, 41) - _logits(fast, ids, 41)).max() < LOGIT_TOLERANCE
+
+
+def test_load_pair_names_the_targets_it_knows():
+    with pytest.raises(ValueError, match="target must be one of"):
+        sc.load_pair(target="huge")
+
+
+def test_the_roofline_points_carry_each_call_s_flops_and_bytes(twin):
+    rows = race.roofline_points({("small", "runtime"): twin.target}, positions=(1, 3), repeats=2)
+    assert list(rows.n) == [1, 3] and (rows.seconds > 0).all()
+    assert np.allclose(rows.flops / rows.bytes, rows.n / 2)  # 2 FLOP and 4 bytes per weight
+    rates = race.machine_rates(repeats=1, l3=2**20)  # rates only: no timing is compared here
+    assert min(rates.gemm, rates.l3_read, rates.dram_read) > 0 and rates.l3_bytes == 2**20
+
+
+def test_predict_and_race_fills_its_table_without_using_the_race(twin):
+    """A tiny run end to end: each setting has a prediction, a measurement inside its own
+    interval, and the verdict comes from the odd repeats."""
+    result = race.predict_and_race(
+        twin, ["bigram"], [2], n_tokens=8, n_prompts=2, repeats=2, alpha_rows=4
+    )
+    (row,) = result.table.itertuples()
+    assert 0 < row.predicted <= 3 and 0 < row.low <= row.speedup <= row.high
+    assert 0 < row._asdict()["α"] < 1 and result.verdict.draft == "bigram"
+    assert "measured speedup" in race.verdict_line(result)
+    with pytest.raises(ValueError, match="too short"):
+        race.prompts_from(twin, 10**6, 16)
