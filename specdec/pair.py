@@ -444,6 +444,26 @@ MIN_EXPECTED = 5  # pooled_chi_square: cells expecting fewer draws are pooled in
 def pooled_chi_square(counts, law):
     """(p-value, degrees of freedom) of Pearson's test of counts (K,) against law (K,), with the
     cells expecting fewer than MIN_EXPECTED draws pooled into one (chapter 9's law tests)."""
+    stat, df = _pooled_statistic(counts, law)
+    return float(stats.chi2.sf(stat, df)), df
+
+
+def combined_chi_square(counts, laws):
+    """(p-value, degrees of freedom) of Pearson's test of independent samples at S contexts:
+    counts (S, K) against laws (S, K), each row pooled as in pooled_chi_square; the statistics
+    and their degrees of freedom add."""
+    counts, laws = np.asarray(counts), np.asarray(laws)
+    if counts.ndim != 2 or counts.shape != laws.shape:
+        raise ValueError(
+            f"counts and laws must have one shape (S, K), got {counts.shape} and {laws.shape}"
+        )
+    parts = [_pooled_statistic(c, law) for c, law in zip(counts, laws)]
+    stat, df = sum(s for s, _ in parts), sum(d for _, d in parts)
+    return float(stats.chi2.sf(stat, df)), df
+
+
+def _pooled_statistic(counts, law):
+    """Pearson's statistic and its degrees of freedom, sparse cells pooled (pooled_chi_square)."""
     counts, law = np.asarray(counts, dtype=float), np.asarray(law, dtype=float)
     expected = counts.sum() * law
     big = expected >= MIN_EXPECTED
@@ -451,8 +471,7 @@ def pooled_chi_square(counts, law):
     expected = np.append(expected[big], expected[(law > 0) & ~big].sum())
     keep = expected > 0
     stat = float(((observed[keep] - expected[keep]) ** 2 / expected[keep]).sum())
-    df = int(keep.sum()) - 1
-    return float(stats.chi2.sf(stat, df)), df
+    return stat, int(keep.sum()) - 1
 
 
 def detection_probability(law, null, n, level=1e-3):

@@ -286,3 +286,21 @@ def test_acceptance_by_position_passes_equal_rates_and_rejects_rising_ones():
     assert p > LEVEL and (kept <= tests).all() and (np.diff(tests) <= 0).all()
     _, _, p = specdec.pair.acceptance_by_position(iid_run([0.6, 0.7, 0.8, 0.9], 2_000, seed=1))
     assert p < LEVEL
+
+
+def test_combined_chi_square_adds_the_contexts_and_sees_a_law_off_at_every_one():
+    # seeded, 8 contexts × 2,000 draws; a correct sampler fails at 1e-3 w.p. 1e-3. The control
+    # moves 0.05 of mass at each context: λ = n·Σ Δ²/p ≈ 540 on 32 degrees of freedom, whose
+    # critical value at 1e-3 is about 62, so it is rejected with probability ≈ 1.
+    rng = np.random.default_rng(12)
+    laws = rng.dirichlet(np.ones(5), size=8)
+    counts = np.stack([rng.multinomial(2_000, law) for law in laws])
+    p, df = specdec.pair.combined_chi_square(counts, laws)
+    assert p > LEVEL and df == sum(pooled_chi_square(c, law)[1] for c, law in zip(counts, laws))
+    moved = laws.copy()
+    top = moved.argmax(axis=1)
+    moved[np.arange(8), top] -= 0.05
+    moved[np.arange(8), (top + 1) % 5] += 0.05
+    assert specdec.pair.combined_chi_square(counts, moved)[0] < LEVEL
+    with pytest.raises(ValueError, match="one shape"):
+        specdec.pair.combined_chi_square(counts, laws[:, :4])
