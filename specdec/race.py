@@ -399,77 +399,76 @@ def roofline_points(models, positions=(1, 5), repeats=7, context=48):
     return pd.DataFrame(rows)
 
 
-def plot_roofline(points, rates, gpu_weights=7e9):
-    """Two rooflines, one above the other: this machine's, measured (roofs from `rates`, each
-    model and implementation at n = 1 and n = 5 positions), and a GPU's, computed from its
-    datasheet for a model of gpu_weights BF16 weights (no point on it is a measurement)."""
-    from .style import MARKERS, OKABE_ITO, new_figure
+def plot_roofline(points, rates):
+    """Two rooflines, one above the other: this machine's, measured (roofs from `rates`; each
+    model a colour, numpy hollow and ONNX Runtime filled, at n = 1 and 5 positions), and an
+    H100's, computed from its datasheet for BF16 weights (no point on it is a measurement)."""
+    from matplotlib.lines import Line2D
 
-    fig, (top, bottom) = new_figure(nrows=2, figsize=(6.4, 9.6))
+    from .style import OKABE_ITO, new_figure
+
+    fig, (top, bottom) = new_figure(nrows=2, figsize=(6.4, 11.5))
+    fig.set_layout_engine("constrained")
     x = np.logspace(-1, 3.5, 200)
-    top.plot(
-        x,
-        np.minimum(rates.gemm, rates.l3_read * x) / 1e9,
-        color="black",
-        linestyle="--",
-        label="roof, weights in L3",
-    )
-    top.plot(
-        x,
-        np.minimum(rates.gemm, rates.dram_read * x) / 1e9,
-        color="black",
-        label="roof, weights in DRAM",
-    )
+    top.plot(x, np.minimum(rates.gemm, rates.l3_read * x) / 1e9, "k--")
+    top.plot(x, np.minimum(rates.gemm, rates.dram_read * x) / 1e9, "k-")
+    models = list(dict.fromkeys(points.model))
     for (model, implementation), group in points.groupby(["model", "implementation"], sort=False):
-        colour = OKABE_ITO[list(points.model.unique()).index(model) % len(OKABE_ITO)]
-        filled = implementation != "numpy"
-        marker = MARKERS[list(points.implementation.unique()).index(implementation)]
+        colour = OKABE_ITO[models.index(model) % len(OKABE_ITO)]
+        numpy = implementation == "numpy"
         top.plot(
             group.flops / group.bytes,
             group.flops / group.seconds / 1e9,
-            marker=marker,
+            marker="o" if numpy else "s",
             color=colour,
-            markerfacecolor=colour if filled else "white",
-            label=f"{model}, {implementation}",
+            linestyle=":" if numpy else "-",
+            markerfacecolor="white" if numpy else colour,
+            markersize=9,
         )
+    handles = [
+        Line2D([], [], color="k", linestyle="--", label="roof: weights in L3"),
+        Line2D([], [], color="k", label="roof: weights in DRAM"),
+        Line2D(
+            [], [], color="k", marker="o", markerfacecolor="white", linestyle=":", label="numpy"
+        ),
+        Line2D([], [], color="k", marker="s", label="ONNX Runtime"),
+    ]
+    handles += [
+        Line2D([], [], color=OKABE_ITO[i % len(OKABE_ITO)], marker="s", linestyle="", label=model)
+        for i, model in enumerate(models)
+    ]
+    top.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2)
     top.set(
         xscale="log",
         yscale="log",
         xlim=(0.2, 20),
-        ylim=(0.05, 3 * rates.gemm / 1e9),
-        xlabel="FLOP per byte of weights (n/2 in float32)",
+        ylim=(0.1, 2 * rates.gemm / 1e9),
+        xlabel="FLOP per byte of weights (n/2)",
         ylabel="GFLOP/s, one thread",
     )
-    top.set_title("This machine, measured: n = 1 and 5 positions")
-    top.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=11)
+    top.set_title("This machine, measured (n = 1 and 5)")
     ridge = H100_FLOPS / H100_BYTES_PER_S
-    bottom.plot(
-        x,
-        np.minimum(H100_FLOPS, H100_BYTES_PER_S * x) / 1e12,
-        color="black",
-        label="roof (datasheet)",
-    )
+    bottom.plot(x, np.minimum(H100_FLOPS, H100_BYTES_PER_S * x) / 1e12, "k-")
     for n in (1, 5, 64):
         intensity = n * 2 / H100_BYTES_PER_WEIGHT
-        bottom.plot(
-            intensity, min(H100_FLOPS, H100_BYTES_PER_S * intensity) / 1e12, "o", color=OKABE_ITO[0]
-        )
+        reached = min(H100_FLOPS, H100_BYTES_PER_S * intensity) / 1e12
+        bottom.plot(intensity, reached, "o", color=OKABE_ITO[0], markersize=9)
         bottom.annotate(
             f"n = {n}",
-            (intensity, H100_BYTES_PER_S * intensity / 1e12),
+            (intensity, reached),
             textcoords="offset points",
-            xytext=(6, -14),
-            fontsize=12,
+            xytext=(8, -16),
+            fontsize=13,
         )
-    bottom.axvline(ridge, color="black", linestyle=":", linewidth=1)
+    bottom.axvline(ridge, color="k", linestyle=":", linewidth=1)
     bottom.set(
         xscale="log",
         yscale="log",
         xlim=(0.5, 3000),
-        xlabel="FLOP per byte of weights (n in BF16)",
+        xlabel="FLOP per byte of weights (n, BF16)",
         ylabel="TFLOP/s",
     )
-    bottom.set_title(f"An H100, computed: ridge at n ≈ {ridge:.0f} positions")
+    bottom.set_title(f"An H100, computed: ridge at n ≈ {ridge:.0f}")
     return fig
 
 
