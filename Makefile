@@ -57,8 +57,10 @@ $(BIN)/.lab-installed: $(BIN)/.installed requirements-lab.txt
 	touch $@
 
 # The execution cache keys on a chapter's own code only: drop it, and the pages and images made
-# from it, whenever a module (the front door or the package) or the installed packages change.
-_build/.core-stamp: specdec_core.py $(wildcard specdec/*.py) $(BIN)/.installed
+# from it, whenever a module (the front door or the package), its shipped data (weights, corpus,
+# stored results) or the installed packages change.
+_build/.core-stamp: specdec_core.py $(wildcard specdec/*.py specdec/weights/* specdec/data/*) \
+		$(BIN)/.installed
 	rm -rf _build/.jupyter_cache _build/.doctrees _build/jupyter_execute $(SITE)
 	@mkdir -p $(@D)
 	touch $@
