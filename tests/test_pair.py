@@ -166,10 +166,10 @@ def test_speculative_generation_through_the_real_models_keeps_the_targets_law():
 def test_the_same_test_rejects_generation_through_a_broken_verifier(monkeypatch):
     rule = sc.BROKEN_RULES["resample from p"]
 
-    def broken(target_probs, draft_probs, draft_tokens, rng):
+    def broken(self, target_probs, draft_probs, draft_tokens, rng):
         return _verify(target_probs, draft_probs, draft_tokens, rng, rule)
 
-    monkeypatch.setattr(specdec.pair, "verify", broken)
+    monkeypatch.setattr(specdec.pair.Pair, "_verify", broken)  # the verifier a run calls
     rng = np.random.default_rng(6)
     tokens = PAIR.generate(np.tile(PROMPT, (10_000, 1)), 2, 2, rng, draft="draft1-500")
     assert p_value(tokens, target_joint()) < LEVEL
