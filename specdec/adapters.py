@@ -9,6 +9,7 @@ An adapter takes the engine's own function as it is. Its backend is numpy, or to
 the CPU in the production dtype (float32 by default, float64 on request), the results turned
 back into numpy, and torch's default generator seeded from the audit's rng before each call
 (`default_generator.manual_seed`, about 1.5 µs, where `torch.manual_seed` costs 150–400 µs).
+A numpy fn that takes no `rng` gets numpy's global generator seeded the same way.
 `backend=None` picks torch when the function's module has a `torch` in its globals (that module
 is used, so a torch-like stand-in works too), numpy otherwise. Arguments go by name, checked
 against the function's signature when the adapter is made.
@@ -91,6 +92,15 @@ def backend_of(fn, backend=None, dtype=None):
     if isinstance(backend, types.ModuleType):
         return Backend(backend, dtype)
     raise ValueError(f"backend must be 'numpy', 'torch', a module or None, got {backend!r}")
+
+
+def _seed(tensors, named, rng):
+    """Seed fn's generator from the audit's rng before a call, so the audit's seed fixes the
+    run: torch's default generator; for a numpy fn that takes no rng (and so draws from numpy's
+    global generator, as a port of an engine's code does), np.random.seed (about 4 µs)."""
+    tensors.seed(rng)
+    if tensors.torch is None and "rng" not in named:
+        np.random.seed(int(rng.integers(2**32)))
 
 
 def _numpy(value):
@@ -211,7 +221,7 @@ def hf_adapter(fn, backend=None, dtype=None):
         }
         fixed = {k: v for k, v in fixed.items() if k in named}
         for b in range(batch):
-            tensors.seed(rng)
+            _seed(tensors, named, rng)
             given = {"candidate_input_ids": ids[b : b + 1], "candidate_logits": logq[b : b + 1]}
             given["new_logits"] = logp[b : b + 1]
             valid, n = fn(**{k: v for k, v in given.items() if k in named}, **fixed)
@@ -302,7 +312,7 @@ def vllm_adapter(fn, backend=None, dtype=None):
             "bonus_token_ids": tensors.ids(_bonus(target_probs, rng)),
             "rng": rng,
         }
-        tensors.seed(rng)
+        _seed(tensors, named, rng)
         return _from_padded(fn(**{k: v for k, v in arguments.items() if k in named}))
 
     verify_fn.__name__ = verify_fn.__qualname__ = f"vllm_adapter({_name(fn)}, {tensors.name})"
@@ -366,7 +376,7 @@ def vllm_v0_adapter(fn, backend=None, dtype=None):
             "seeded_seqs": None,
             "rng": rng,
         }
-        tensors.seed(rng)
+        _seed(tensors, named, rng)
         return _from_padded(fn(**{k: v for k, v in arguments.items() if k in named}))
 
     verify_fn.__name__ = verify_fn.__qualname__ = f"vllm_v0_adapter({_name(fn)}, {tensors.name})"

@@ -241,6 +241,37 @@ def test_torch_seeding_is_cheap_and_comes_from_the_rng(logged):
     assert not hasattr(torchlike, "manual_seed")  # the slow global seeding is not even there
 
 
+def numpy_4_38(
+    candidate_input_ids, candidate_logits, candidate_length, new_logits, is_done_candidate
+):
+    """4.38's rule ported to numpy as an engine's code would be: it draws from np.random."""
+    drafts = candidate_input_ids[0, -candidate_length:]
+    q, p = adapters._softmax(candidate_logits[0]), adapters._softmax(new_logits[0])
+    at = np.arange(candidate_length)
+    n = int(
+        np.cumprod(np.random.random_sample(candidate_length) <= p[at, drafts] / q[at, drafts]).sum()
+    )
+    weights = p[n] if n == candidate_length else np.maximum(p[n] - q[n], 0)
+    final = np.random.choice(len(weights), p=weights / weights.sum())
+    return np.append(drafts[:n], final)[None], n
+
+
+def test_a_numpy_function_without_rng_gets_numpy_s_generator_seeded(logged, monkeypatch):
+    """The same rng gives the same tokens whatever np.random did before, so the audit's seed
+    fixes the run; the negative control, the adapter without that seeding, does not."""
+    p, q, x = logged.target[[0] * 64], logged.draft[[0] * 64], np.tile([[1, 2, 3]], (64, 1))
+
+    def run():
+        np.random.random(7)  # numpy's global generator used elsewhere in between
+        verify_fn = sc.hf_adapter(numpy_4_38, backend="numpy")  # torch is in these globals
+        return verify_fn(p, q, x, np.random.default_rng(3))[1]
+
+    assert np.array_equal(run(), run())
+    assert sc.audit_verifier(sc.hf_adapter(numpy_4_38, backend="numpy"), scenarios=[logged]).passed
+    monkeypatch.setattr(adapters, "_seed", lambda tensors, named, rng: tensors.seed(rng))
+    assert not np.array_equal(run(), run())
+
+
 # ---- vLLM V0: RejectionSampler.forward -------------------------------------------------------
 
 
