@@ -1,9 +1,10 @@
 """Chapter 6: the audit's command line, `python -m specdec_core audit path/to/file.py:function`.
 
-The file is imported only in the child process that then runs the verifier (harness.Sandbox),
-so nothing it does at import or in a call (raise, hang, `sys.exit`, `os._exit`, a signal) can
-end the audit without a verdict. Exit codes: 0 passed, 1 failed, 2 a usage error or a file that
-cannot be loaded. The last line printed is the verdict.
+The file is imported (its folder first on sys.path, as `python file.py` has it) only in the
+child process that then runs the verifier (harness.Sandbox), so nothing it does at import or in
+a call (raise, hang, `sys.exit`, `os._exit`, a signal) can end the audit without a verdict.
+Exit codes: 0 passed, 1 failed, 2 a usage error or a file that cannot be loaded. The last line
+printed is the verdict.
 """
 
 import argparse
@@ -23,6 +24,9 @@ def _load(target):
         raise ValueError(f"need path/to/file.py:function, got {target!r}")
     if not Path(path).is_file():
         raise ValueError(f"no such file: {path}")
+    folder = str(Path(path).resolve().parent)
+    if folder not in sys.path:  # as `python file.py` does: the file imports its neighbours
+        sys.path.insert(0, folder)
     spec = importlib.util.spec_from_file_location(Path(path).stem, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -220,6 +220,20 @@ def test_a_file_that_fails_at_import_exits_2_saying_so(name, says, hostile, caps
     assert says in err and err.startswith("error: cannot load")
 
 
+def test_the_file_imports_its_neighbours(tmp_path, capsys):
+    """As under `python file.py`, the file's folder comes first on sys.path (in the child only);
+    the negative control: the same file without its neighbour cannot be loaded."""
+    (tmp_path / "engine_helpers.py").write_text("import specdec_core as sc\nverify = sc.verify\n")
+    (tmp_path / "engine.py").write_text("from engine_helpers import verify\n")
+    target = f"{tmp_path}/engine.py:verify"
+    assert sc.main(["audit", target]) == 0
+    assert capsys.readouterr().out.splitlines()[-1].startswith("PASSED")
+    assert str(tmp_path) not in sys.path  # the parent's path is left alone
+    (tmp_path / "engine_helpers.py").unlink()
+    assert sc.main(["audit", target]) == 2
+    assert "No module named 'engine_helpers'" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("timeout", ["0", "-3", "soon", "inf"])
 def test_the_command_line_checks_its_timeout(timeout, hostile, capsys):
     assert sc.main(["audit", f"{hostile}/calls.py:good", "--timeout", timeout]) == 2
