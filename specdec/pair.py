@@ -22,7 +22,13 @@ import numpy as np
 from scipy import stats
 from threadpoolctl import threadpool_limits
 
-from .checks import _check_count, _check_rng
+from .checks import (
+    _check_count,
+    _check_memory,
+    _check_positive_count,
+    _check_rng,
+    _check_unit_interval,
+)
 from .loading import (
     _check_reference,
     _checked_file,
@@ -565,6 +571,36 @@ def _tested(run):
     """(steps, B, γ): the drafted positions whose test ran, every earlier draft of the step kept."""
     gamma = run.betas.shape[-1]
     return (run.accepted[..., None] >= 0) & (np.arange(gamma) <= run.accepted[..., None])
+
+
+def stopping_bias(alpha, gamma, n_tokens, n_rows, reps, rng):
+    """Relative bias, with its s.e., of two estimates of tokens per call from runs of n_rows rows
+    of n_tokens each under Equation 1's model (every test keeps its draft with probability α,
+    independently), from `reps` simulated runs: {"ratio of totals": (bias, s.e.), "rows' own
+    means": (bias, s.e.)}, each relative to Eq. 1's value."""
+    _check_unit_interval(alpha, "alpha")
+    for value, name in [
+        (gamma, "gamma"),
+        (n_tokens, "n_tokens"),
+        (n_rows, "n_rows"),
+        (reps, "reps"),
+    ]:
+        _check_positive_count(value, name)
+    _check_rng(rng)
+    _check_memory(reps * n_rows * n_tokens * (gamma + 32), f"stopping_bias with reps={reps:,}")
+    kept = rng.random((reps, n_rows, n_tokens, gamma)) < alpha  # n_tokens steps always suffice
+    tokens = np.where(kept.all(-1), gamma, np.argmin(kept, -1)) + 1  # (reps, rows, steps)
+    taken = np.cumsum(tokens, axis=-1) - tokens < n_tokens  # a step runs while tokens are lacking
+    totals, steps = np.where(taken, tokens, 0).sum(-1), taken.sum(-1)  # (reps, rows)
+    exact = _eq1(float(alpha), int(gamma))
+    out = {}
+    for name, values in [
+        ("ratio of totals", totals.sum(-1) / steps.sum(-1)),
+        ("rows' own means", (totals / steps).mean(-1)),
+    ]:
+        relative = values / exact - 1  # (reps,)
+        out[name] = (float(relative.mean()), float(relative.std(ddof=1) / np.sqrt(reps)))
+    return out
 
 
 def _eq1(alpha, gamma):
