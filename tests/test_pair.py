@@ -247,9 +247,10 @@ def test_the_book_never_imports_jax():
 
 
 def iid_run(rates, n_rows, n_tokens=64, seed=0, untested_beta=0.3):
-    """A recorded Run whose i-th test in a step keeps its draft w.p. rates[i], independently (Eq. 1
-    's model when the rates are equal); β is the rate at tested positions, untested_beta elsewhere,
-    and min(1, p/q) the rate, so "given the drafts" is the exact expectation of every step."""
+    """A recorded Run whose i-th test in a step keeps its draft w.p. rates[i], independently
+    (Equation 1's model when the rates are equal); β is the rate at tested positions,
+    untested_beta elsewhere, and min(1, p/q) the rate, so "given the drafts" is the exact
+    expectation of every step."""
     rates = np.asarray(rates, float)
     gamma, max_steps = len(rates), n_tokens
     kept = np.random.default_rng(seed).random((max_steps, n_rows, gamma)) < rates
