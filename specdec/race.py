@@ -73,7 +73,7 @@ def _position_costs(model, ids, start, positions, repeats):
     return {n: float(np.median(t)) for n, t in times.items()}
 
 
-def call_costs(pair, drafts, max_positions, contexts, prompt_length, repeats=9):
+def call_costs(pair, drafts, max_positions, contexts, prompt_length, repeats=15):
     """Costs of the pair's calls at each context length in contexts (the race's), one BLAS
     thread; prefill of a prompt_length-token prompt."""
     _check_count(max_positions, "max_positions", pair.context)
@@ -368,6 +368,14 @@ def machine_rates(repeats=5, l3=None):
         l3_read = _read_rate(l3 // 4, 4 * repeats)
         dram_read = _read_rate(8 * l3, repeats)
     return Machine(gemm, l3_read, dram_read, l3)
+
+
+def floor_seconds(config, n, rates):
+    """The least time a call scoring n positions can take here: reading its weights once from
+    L3 or DRAM (whichever holds them), or its FLOP at the GEMM rate, whichever is longer."""
+    weights = matrix_weights(config)
+    read = rates.l3_read if 4 * weights <= rates.l3_bytes else rates.dram_read
+    return max(4 * weights / read, 2 * weights * n / rates.gemm)
 
 
 def matrix_weights(config):
