@@ -592,3 +592,54 @@ def plot_prediction(table, title):
     ax.set_title(title)
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=3)
     return fig
+
+
+class _Clocked:
+    """A model whose forward calls are timed, each call's seconds kept in order."""
+
+    def __init__(self, model):
+        self.model, self.seconds = model, []
+
+    def __getattr__(self, name):
+        return getattr(self.model, name)
+
+    def forward(self, ids):
+        """The model's forward, timed."""
+        start = time.perf_counter()
+        out = self.model.forward(ids)
+        self.seconds.append(time.perf_counter() - start)
+        return out
+
+
+def in_run_costs(pair, draft, gamma, prompts, n_tokens, seed=5):
+    """(median seconds of a target call inside speculative runs, of a draft call): the same calls
+    as `call_costs` times alone, timed where the loop makes them, on runs apart from the race."""
+    twin = copy.copy(pair)
+    twin.target = _Clocked(pair.target)
+    twin.drafts = {draft: _Clocked(pair.drafts[draft])}
+    for k, prompt in enumerate(prompts):
+        twin.run(prompt, n_tokens, gamma, np.random.default_rng([seed, k]), draft)
+    return float(np.median(twin.target.seconds)), float(np.median(twin.drafts[draft].seconds))
+
+
+def draft_after_target(pair, draft, gamma, context=32, repeats=15):
+    """(median seconds of a draft call timed alone, of one made right after a target call
+    scoring γ + 1 positions): what the target's call leaves of the draft's data in the caches."""
+    ids = pair.encode(pair.heldout_text[: context + gamma + 1])[None]
+    target, model = pair.target, pair.drafts[draft]
+    for m in (target, model):
+        m.reset(1, context + gamma + 1)
+        m.prefill(ids[:, :context])
+    back = np.array([context])
+    alone, after = [], []
+    with one_blas_thread():
+        for _ in range(repeats):
+            for _ in range(2):  # the second of two draft calls in a row: the draft's data warm
+                alone.append(_seconds(model.forward, ids[:, context : context + 1]))
+                model.rollback(back)
+            alone.pop(-2)
+            target.forward(ids[:, context : context + gamma + 1])
+            target.rollback(back)
+            after.append(_seconds(model.forward, ids[:, context : context + 1]))
+            model.rollback(back)
+    return float(np.median(alone)), float(np.median(after))
