@@ -151,8 +151,12 @@ def _portable(result):
     return tuple(parts)
 
 
-def _serve(conn, load):
-    """The child: load the functions, then run each request and send back what happened."""
+def _serve(conn, load, parent_end):
+    """The child: load the functions, then run each request and send back what happened.
+
+    parent_end, the parent's end of the pipe that the fork copied, is closed first: otherwise
+    this process holds both ends, never sees the parent die, and outlives it, memory and all."""
+    parent_end.close()
     _cap_memory()
     try:
         functions = load()
@@ -249,7 +253,7 @@ class Sandbox:
         self.conn, child = context.Pipe()
         self.cap = _memory_cap()
         self.process = context.Process(
-            target=_serve, args=(child, self.load), name="audited", daemon=True
+            target=_serve, args=(child, self.load, self.conn), name="audited", daemon=True
         )
         self.process.start()
         child.close()

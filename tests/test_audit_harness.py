@@ -135,6 +135,51 @@ def test_large_read_only_rows_are_shared_once_and_arrive_read_only():
         assert len(sandbox.shared) == 1  # a writable array is copied per call, not kept
 
 
+def _state(pid):
+    """ps's state letter of a process ('S', 'R', ... 'Z' for a zombie), or '' if it is gone."""
+    done = subprocess.run(["ps", "-o", "stat=", "-p", str(pid)], capture_output=True, text=True)
+    return done.stdout.strip()[:1]
+
+
+def test_the_child_does_not_outlive_a_killed_parent(tmp_path):
+    """A parent killed between calls (SIGKILL: no cleanup runs) leaves no child behind: the
+    child sees the pipe close and exits. Its control is the test below, on a live child. The
+    parent's output goes to DEVNULL: a surviving child, which holds it, would block a pipe."""
+    script = (
+        "import os, signal, sys\n"
+        "from pathlib import Path\n"
+        "from specdec import harness\n"
+        "box = harness.Sandbox(lambda: {'f': lambda: 1})\n"
+        "box.call('f')\n"
+        "Path(sys.argv[1]).write_text(str(box.process.pid))\n"
+        "os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    where = tmp_path / "pid"
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(where)],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        timeout=120,
+    )
+    assert done.returncode == -signal.SIGKILL
+    pid = int(where.read_text())
+    deadline = time.perf_counter() + 20
+    while _state(pid) not in ("", "Z") and time.perf_counter() < deadline:
+        time.sleep(0.1)
+    left = _state(pid)
+    if left not in ("", "Z"):
+        os.kill(pid, signal.SIGKILL)  # do not leave it behind either way
+    assert left in ("", "Z"), f"the child {pid} outlived its parent (state {left})"
+
+
+def test_a_child_reports_alive_while_its_parent_runs():
+    """The negative control of the test above: the same check sees a live, idle child."""
+    with harness.Sandbox(lambda: {"f": lambda: 1}) as box:
+        box.call("f")
+        assert _state(box.process.pid) not in ("", "Z")
+
+
 # ---- the command line ------------------------------------------------------------------------
 
 
