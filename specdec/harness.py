@@ -12,10 +12,12 @@ the pipe elsewhere): a read-only array (a scenario's batch, handed over slice by
 copied once and then shared, and arrives read-only; a writable one is copied for each call and
 arrives writable. A numpy Generator argument travels by value and its state comes back, so the
 parent's stream advances exactly as in one process, and the results are those of one process.
-The child's address space is capped (RLIMIT_AS) at the machine's physical memory beyond what it
-maps at the fork, so a verifier that asks for more gets a MemoryError, not the kernel's
-out-of-memory killer (whose SIGKILL is reported as such if it comes anyway). Needs the fork
-start method: Linux or macOS.
+The child's private writable memory is capped (Linux: RLIMIT_DATA; elsewhere the address
+space, RLIMIT_AS) at the machine's physical memory beyond what it holds at the fork, so a
+verifier that asks for more gets a MemoryError, not the kernel's out-of-memory killer (whose
+SIGKILL is reported as such if it comes anyway). Address space only reserved (CUDA's, or weights
+mapped from a file) does not count, as it would under RLIMIT_AS. Needs the fork start method:
+Linux or macOS.
 """
 
 import builtins
@@ -24,6 +26,7 @@ import multiprocessing
 import os
 import resource
 import signal
+import sys
 import time
 from multiprocessing.reduction import recv_handle, send_handle
 
@@ -39,11 +42,15 @@ def _physical_memory():
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
+MEMORY_LIMIT = resource.RLIMIT_DATA if sys.platform.startswith("linux") else resource.RLIMIT_AS
+
+
 def _mapped_now():
-    """This process's virtual memory in bytes (Linux's /proc; 0 elsewhere)."""
+    """What MEMORY_LIMIT counts of this process now, in bytes: on Linux its data (private
+    writable memory, statm's sixth field); elsewhere 0."""
     try:
         with open("/proc/self/statm") as statm:
-            return int(statm.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+            return int(statm.read().split()[5]) * os.sysconf("SC_PAGE_SIZE")
     except OSError:
         return 0
 
@@ -100,16 +107,16 @@ def _rebuilt(name, args):
 
 
 def _memory_cap():
-    """The child's address-space cap: the physical memory beyond what is mapped at the fork."""
+    """The child's memory cap: the physical memory beyond what it holds at the fork."""
     return _physical_memory() + _mapped_now()
 
 
 def _cap_memory():
-    """Cap this process's address space (RLIMIT_AS) at _memory_cap()."""
+    """Cap this process's memory (MEMORY_LIMIT) at _memory_cap()."""
     limit = _memory_cap()
-    _, hard = resource.getrlimit(resource.RLIMIT_AS)
+    _, hard = resource.getrlimit(MEMORY_LIMIT)
     if hard == resource.RLIM_INFINITY or hard > limit:
-        resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
+        resource.setrlimit(MEMORY_LIMIT, (limit, hard))
 
 
 def _unpacked(conn, message, segments):
@@ -223,7 +230,7 @@ class Sandbox:
 
     def __init__(self, load, timeout=AUDIT_TIMEOUT, label="the audited code"):
         self.load, self.timeout, self.label = load, float(timeout), label
-        self.cap = 0  # the child's address-space cap, in bytes
+        self.cap = 0  # the child's memory cap, in bytes
         self.spent = 0.0  # wall seconds the child has taken, in calls and loads
         self.calls, self.cpu, self.inside = 0, 0.0, 0.0  # calls; their CPU and wall inside fn
         self.wall = 0.0  # wall seconds of call(), packing and unpacking included
@@ -292,7 +299,7 @@ class Sandbox:
             error, error_args = rest
             if error == "MemoryError":
                 error_args = (
-                    f"{error_args[0] if error_args else ''} (its process may map "
+                    f"{error_args[0] if error_args else ''} (its process may allocate "
                     f"{self.cap / 2**30:.1f} GiB)",
                 )
             raise _rebuilt(error, error_args)

@@ -5,6 +5,7 @@ MemoryError, garbage, each in a call and at import), each failing with a message
 happened; the negative control in each case is the same harness passing an exact verifier.
 """
 
+import mmap
 import os
 import signal
 import subprocess
@@ -70,6 +71,22 @@ def test_a_verifier_that_dies_or_answers_garbage_fails_saying_so(case, tiny):
     assert not report.passed
     assert report.table["finding"].str.startswith(finding).all(), report.table["finding"]
     assert sc.audit_verifier(sc.verify, scenarios=[tiny]).passed  # the negative control
+
+
+def reserves_then_verifies(*args):
+    """verify, after reserving twice the machine's memory read-only (as CUDA reserves address
+    space, or weights are mapped from a file) without using it."""
+    size = 2 * harness._physical_memory()
+    flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
+    with mmap.mmap(-1, size, flags=flags, prot=mmap.PROT_READ):
+        return sc.verify(*args)
+
+
+def test_reserved_address_space_is_not_counted_as_memory(tiny):
+    """An exact verifier that only reserves address space passes (under an address-space cap,
+    RLIMIT_AS, its mmap failed); the control is FUZZ's MemoryError case, memory it writes."""
+    report = sc.audit_verifier(reserves_then_verifies, scenarios=[tiny])
+    assert report.passed, report.table["finding"].tolist()
 
 
 def test_a_hang_is_stopped_at_the_time_limit(tiny):
