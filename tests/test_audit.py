@@ -436,3 +436,17 @@ def test_exercise_two_sizing():
     n = sc.noncentrality_needed(63, 1e-4, 0.99) / (4 * 0.05**2)
     assert 5_000 < n < 50_000  # λ ≈ 100 over 4·0.0025
     assert sc.noncentrality_needed(63, 1e-4, 0.99) / (4 * 0.02**2) > n  # smaller TV, more draws
+
+
+def test_exact_scores_stay_finite_for_counts_the_law_cannot_give():
+    """A count far in the tail (probability below 1e-300) scores ±37 at most, never ±inf, so a
+    direction's weighted sum with a zero weight is a number, not NaN; the control, counts the
+    law can give, scores within ±6."""
+    from specdec.projections import exact_scores
+
+    law = np.array([0.5, 0.5 - 1e-12, 1e-12])
+    wild = exact_scores(np.array([0, 0, 5000]), law, np.full(2, 0.5))
+    assert np.isfinite(wild).all() and np.abs(wild).max() <= 37.1
+    assert np.isfinite(wild @ np.array([0.0, 1.0]))
+    tame = exact_scores(np.array([2500, 2500, 0]), law, np.full(2, 0.5))
+    assert np.abs(tame).max() < 6
