@@ -302,12 +302,14 @@ def _models(folder, manifest, path, vocab):
     return models
 
 
-def _check_reference(folder, manifest, path, models):
+def _check_reference(folder, holder, path, models, where="the manifest"):
     """Raise unless each model's numpy logits on the stored inputs lie within
-    REFERENCE_TOLERANCE of the stored JAX logits: weights and config are those trained."""
-    entry = _field(manifest, "reference_logits", dict, path, "the manifest")
-    file = _checked_file(folder, entry, path, "reference_logits")
-    target = models["target"].config
+    REFERENCE_TOLERANCE of the stored JAX logits: weights and config are those trained. holder
+    is the entry whose "reference_logits" names the file (the manifest, or a model's entry)."""
+    entry = _field(holder, "reference_logits", dict, path, where)
+    label = "reference_logits" if where == "the manifest" else f"{where}['reference_logits']"
+    file = _checked_file(folder, entry, path, label)
+    target = next(iter(models.values())).config  # every model of a pair has the same sizes
     expected = {"ids": ((None, None), np.int64)}
     expected |= {name: ((None, None, target.n_outputs), np.float32) for name in models}
     arrays = _read_npz(file, expected)
@@ -316,8 +318,8 @@ def _check_reference(folder, manifest, path, models):
 
 
 def _compare_logits(file, arrays, models):
-    """_check_reference's comparison, given the stored arrays (models' target sets the sizes)."""
-    target = models.get("target", next(iter(models.values()))).config
+    """_check_reference's comparison, given the stored arrays."""
+    target = next(iter(models.values())).config  # every model of a pair has the same sizes
     ids = arrays["ids"]
     if not (1 <= ids.shape[0] <= 64 and 1 <= ids.shape[1] <= target.max_len):
         raise ValueError(f"{file}: array ids must be (1..64, 1..{target.max_len}), got {ids.shape}")

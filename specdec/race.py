@@ -92,7 +92,6 @@ def call_costs(pair, drafts, max_positions, contexts, prompt_length, repeats=15)
         }
         prefill = {}
         for name, model in [("target", pair.target)] + [(n, pair.drafts[n]) for n in drafts]:
-            model.reset(1, pair.context)
             times = []
             for _ in range(repeats):
                 model.reset(1, pair.context)
@@ -157,23 +156,26 @@ class Replay:
         self.lengths = self.lengths[rows]
 
 
+def _with_models(pair, target, drafts):
+    """A shallow copy of pair (its vocabulary, text and manifest shared) that runs these models."""
+    twin = copy.copy(pair)
+    twin.target, twin.drafts = target, drafts
+    return twin
+
+
 def on_runtime(pair):
     """A copy of pair whose transformers run in ONNX Runtime (count drafts stay as they are)."""
-    twin = copy.copy(pair)
-    twin.target = RuntimeTransformer.twin(pair.target)
-    twin.drafts = {
+    drafts = {
         name: RuntimeTransformer.twin(m) if isinstance(m, TinyTransformer) else m
         for name, m in pair.drafts.items()
     }
-    return twin
+    return _with_models(pair, RuntimeTransformer.twin(pair.target), drafts)
 
 
 def _replayed(pair, draft):
     """A copy of pair whose target (and draft) are Replay wrappers of the real ones."""
-    twin = copy.copy(pair)
-    twin.target = Replay(pair.target)
-    twin.drafts = {} if draft is None else {draft: Replay(pair.drafts[draft])}
-    return twin
+    drafts = {} if draft is None else {draft: Replay(pair.drafts[draft])}
+    return _with_models(pair, Replay(pair.target), drafts)
 
 
 def loop_overhead(pair, draft, gamma, prompt, n_tokens, seed, repeats=5):
@@ -614,9 +616,7 @@ class _Clocked:
 def in_run_costs(pair, draft, gamma, prompts, n_tokens, seed=5):
     """(median seconds of a target call inside speculative runs, of a draft call): the same calls
     as `call_costs` times alone, timed where the loop makes them, on runs apart from the race."""
-    twin = copy.copy(pair)
-    twin.target = _Clocked(pair.target)
-    twin.drafts = {draft: _Clocked(pair.drafts[draft])}
+    twin = _with_models(pair, _Clocked(pair.target), {draft: _Clocked(pair.drafts[draft])})
     for k, prompt in enumerate(prompts):
         twin.run(prompt, n_tokens, gamma, np.random.default_rng([seed, k]), draft)
     return float(np.median(twin.target.seconds)), float(np.median(twin.drafts[draft].seconds))
