@@ -11,7 +11,7 @@ name works as `sc.NAME`:
 
     module       idea                                                         chapters
     checks       argument checks and size limits                              all
-    style        the book's figure style, `new_figure`                        all
+    style        the book's figure and table style, `new_figure`, `table`        all
     models       corpus, toy target p, draft q_w, literal sampler             1
     rule         the literal Algorithm 1; `Rule`, the broken rules             2–3
     verify       the vectorised `verify` and its blocks                       3

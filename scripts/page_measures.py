@@ -69,7 +69,7 @@ def long_sentences(text, limit=40):
 def measure(site, stems=()):
     from playwright.sync_api import sync_playwright
 
-    pages = sorted((site / "book").glob("*.html"))
+    pages = sorted((site / "book" if (site / "book").is_dir() else site).glob("*.html"))
     if stems:
         pages = [p for p in pages if p.stem in stems]
     rows = {}

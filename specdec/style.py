@@ -1,4 +1,5 @@
-"""All chapters: the book's one figure style, and the figure every plot starts from.
+"""All chapters: the book's one figure style, the figure every plot starts from, and tables
+for people (`table`, `number`).
 
 Sized to be read on a phone; colours from the Okabe–Ito palette, safe for colour blindness;
 lines that differ without colour (dashes and markers as well).
@@ -88,3 +89,58 @@ def _series(i, n_points=None):
         step = max(1, n_points // 6)
         style["markevery"] = ((i * step) // 7 % step, step)
     return style
+
+
+def number(x, digits=3):
+    """A number as a reader reads it: integers with thousands separators, other values to
+    `digits` significant figures in plain decimals (never e-notation), a true minus sign, and
+    a dash for a missing value. Infinity is spelled out; a table that can hold it should say
+    in its caption what it means."""
+    import math
+    import numbers
+
+    if x is None or (isinstance(x, numbers.Real) and math.isnan(x)):
+        return "—"
+    if isinstance(x, bool) or not isinstance(x, numbers.Real):
+        return str(x)
+    if math.isinf(x):
+        return "infinite" if x > 0 else "−infinite"
+    if float(x).is_integer() and (isinstance(x, numbers.Integral) or abs(x) >= 10**digits):
+        text = f"{int(x):,}"
+    else:
+        decimals = max(0, digits - 1 - math.floor(math.log10(abs(x)))) if x else 0
+        text = f"{x:,.{decimals}f}"
+    return text.replace("-", "−")
+
+
+def table(frame, caption, formats=None, digits=3):
+    """A data frame as a table for people: a caption, named columns, no pandas index (a named
+    index becomes ordinary columns; a bare 0…N index is dropped), and numbers through `number`
+    (or `formats`, a dict of column → format string or function). Returns a pandas Styler with a
+    fixed id, so two builds write the same HTML."""
+    import hashlib
+
+    import pandas as pd
+
+    if not isinstance(frame, pd.DataFrame):
+        raise TypeError(f"frame must be a pandas DataFrame, got {type(frame).__name__}")
+    if not isinstance(caption, str) or not caption.strip():
+        raise ValueError("caption must be a non-empty string: say what the table shows")
+    named = any(name is not None for name in frame.index.names)
+    frame = frame.reset_index() if named else frame.reset_index(drop=True)
+    if isinstance(frame.columns, pd.MultiIndex):
+        frame.columns = [" ".join(str(c) for c in col if str(c)) for col in frame.columns]
+    frame.columns = [str(c) for c in frame.columns]
+    unknown = set(formats or {}) - set(frame.columns)
+    if unknown:
+        raise ValueError(f"formats names columns the table does not have: {sorted(unknown)}")
+    shown = {c: (lambda x, d=digits: number(x, d)) for c in frame.columns}
+    shown.update(formats or {})
+    uuid = hashlib.sha256((caption + "|".join(frame.columns)).encode()).hexdigest()[:8]
+    return (
+        frame.style.format(shown)
+        .hide(axis="index")
+        .set_caption(caption)
+        .set_uuid(uuid)
+        .set_table_attributes('class="dataframe book-table"')
+    )
