@@ -650,18 +650,43 @@ def autocorrelation(series, max_lag):
 
 # ---- Plots ---------------------------------------------------------------------------------------
 
+# One look per model in every figure of chapter 9: a draft keeps its colour and its marker.
+MODEL_STYLES = {
+    "unigram": ("#F0E442", "P"),
+    "bigram": (OKABE_ITO[0], "o"),
+    "draft1-500": (OKABE_ITO[5], "^"),
+    "draft1-1000": (OKABE_ITO[4], "v"),
+    "draft1-2000": (OKABE_ITO[2], "s"),
+    "draft2-1000": (OKABE_ITO[1], "D"),
+    "small target": ("#000000", "X"),
+    "large target": (OKABE_ITO[3], "*"),
+    "ch. 8 target": ("#777777", "h"),
+}
+
+
+def model_style(name):
+    """{color, marker} of a model of chapter 9 ("target" is the small target)."""
+    name = "small target" if name == "target" else name
+    if name not in MODEL_STYLES:
+        raise ValueError(f"name must be one of {sorted(MODEL_STYLES)}, got {name!r}")
+    colour, marker = MODEL_STYLES[name]
+    return {"color": colour, "marker": marker}
+
 
 def plot_beta_histograms(betas):
-    """Histograms of β = Σ min(p, q) over held-out contexts, one panel per draft {name: (n,)}."""
+    """Histograms of β = Σ min(p, q) over held-out contexts, one panel per draft {name: (n,)},
+    each in its draft's colour, its marker on the mean."""
     fig, axes = new_figure(nrows=len(betas), figsize=(5.0, 2.0 * len(betas) + 0.6), sharex=True)
     fig.set_layout_engine("constrained")  # room for each panel's title
     bins = np.linspace(0, 1, 41)
-    for i, (ax, (name, beta)) in enumerate(zip(np.atleast_1d(axes), betas.items())):
-        ax.hist(
-            beta, bins=bins, color=OKABE_ITO[i % 7], weights=np.full(len(beta), 100 / len(beta))
-        )
+    for ax, (name, beta) in zip(np.atleast_1d(axes), betas.items()):
+        style = model_style(name)
+        weights = np.full(len(beta), 100 / len(beta))
+        heights, _, _ = ax.hist(beta, bins=bins, color=style["color"], weights=weights)
         ax.axvline(beta.mean(), color="black", linestyle="--", linewidth=1.2)
-        ax.set(title=f"{name}: α = {beta.mean():.2f}", xlabel="β", ylabel="% of contexts")
+        ax.plot(beta.mean(), heights.max() * 1.08, markersize=10, markeredgecolor="black", **style)
+        ax.set(title=f"{name}: α = {beta.mean():.2f}", ylabel="% of contexts")
+        ax.set_ylim(top=heights.max() * 1.2)  # room for the marker
     ax.set_xlabel("β at a held-out context (dashed: its mean, α)")
     return fig
 

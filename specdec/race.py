@@ -412,9 +412,11 @@ def roofline_points(models, positions=(1, 5), repeats=7, context=48):
 def plot_roofline(points, rates):
     """Two rooflines, one above the other: this machine's, measured (roofs from `rates`; each
     model a colour, numpy hollow and ONNX Runtime filled, at n = 1 and 5 positions), and an
-    H100's, computed from its datasheet for BF16 weights (no point on it is a measurement)."""
+    H100's, computed from its datasheet for BF16 weights (no point on it is a measurement).
+    Each model keeps chapter 9's colour and marker (`pair.model_style`); the legend sits above."""
     from matplotlib.lines import Line2D
 
+    from .pair import model_style
     from .style import OKABE_ITO, new_figure
 
     fig, (top, bottom) = new_figure(nrows=2, figsize=(6.4, 11.5))
@@ -424,30 +426,27 @@ def plot_roofline(points, rates):
     top.plot(x, np.minimum(rates.gemm, rates.dram_read * x) / 1e9, "k-")
     models = list(dict.fromkeys(points.model))
     for (model, implementation), group in points.groupby(["model", "implementation"], sort=False):
-        colour = OKABE_ITO[models.index(model) % len(OKABE_ITO)]
+        style = model_style(model)
         numpy = implementation == "numpy"
         top.plot(
             group.flops / group.bytes,
             group.flops / group.seconds / 1e9,
-            marker="o" if numpy else "s",
-            color=colour,
             linestyle=":" if numpy else "-",
-            markerfacecolor="white" if numpy else colour,
+            markerfacecolor="white" if numpy else style["color"],
             markersize=9,
+            **style,
         )
     handles = [
         Line2D([], [], color="k", linestyle="--", label="roof: weights in L3"),
         Line2D([], [], color="k", label="roof: weights in DRAM"),
-        Line2D(
-            [], [], color="k", marker="o", markerfacecolor="white", linestyle=":", label="numpy"
-        ),
-        Line2D([], [], color="k", marker="s", label="ONNX Runtime"),
+        Line2D([], [], color="k", linestyle=":", label="numpy: hollow"),
+        Line2D([], [], color="k", label="ONNX Runtime: filled"),
     ]
     handles += [
-        Line2D([], [], color=OKABE_ITO[i % len(OKABE_ITO)], marker="s", linestyle="", label=model)
-        for i, model in enumerate(models)
+        Line2D([], [], linestyle="", markersize=9, label=model, **model_style(model))
+        for model in models
     ]
-    top.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2)
+    fig.legend(handles=handles, loc="outside upper center", ncol=2)
     top.set(
         xscale="log",
         yscale="log",
@@ -565,21 +564,23 @@ def verdict_line(result):
 
 def plot_prediction(table, title):
     """Measured speedup (with its 95 % interval) against the speedup predicted before the race,
-    one marker per setting, coloured and shaped by draft; on the diagonal they agree."""
-    from .style import MARKERS, OKABE_ITO, new_figure
+    one marker per setting, in its draft's colour and marker (`pair.model_style`); on the
+    diagonal they agree. The legend sits above the plot."""
+    from .pair import model_style
+    from .style import new_figure
 
-    fig, ax = new_figure(figsize=(6.4, 6.4))
-    drafts = list(dict.fromkeys(table.draft))
-    for i, draft in enumerate(drafts):
+    fig, ax = new_figure(figsize=(6.4, 6.8))
+    fig.set_layout_engine("constrained")
+    for draft in dict.fromkeys(table.draft):
         rows = table[table.draft == draft]
         ax.errorbar(
             rows.predicted,
             rows.speedup,
             yerr=[rows.speedup - rows.low, rows.high - rows.speedup],
-            fmt=MARKERS[i % len(MARKERS)],
-            color=OKABE_ITO[i % len(OKABE_ITO)],
+            linestyle="",
             capsize=3,
             label=draft,
+            **model_style(draft),
         )
     low = min(table.low.min(), table.predicted.min(), 1.0) * 0.95
     high = max(table.high.max(), table.predicted.max(), 1.0) * 1.05
@@ -592,7 +593,7 @@ def plot_prediction(table, title):
         ylabel="measured (95 % interval)",
     )
     ax.set_title(title)
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=3)
+    fig.legend(loc="outside upper center", ncol=2)
     return fig
 
 
