@@ -19,6 +19,7 @@ name works as `sc.NAME`:
     exact        laws enumerated in Fractions                                 2–3
     stats        distances, chi-square, noise references and bands            1–4
     theory       α, Equation 1, the exact chain, Theorem 3.8, optimal γ       4–5
+    knob         the site's interactive figure: sliders for w, γ and c        5
     pipelines    sampling settings, the bugs real engines shipped             6
     projections  engine-shaped scenarios, exact projections of the output     6
     harness      the verifier in a child process; its time limit              6
@@ -54,6 +55,7 @@ from specdec.engine import *
 from specdec.exact import *
 from specdec.stats import *
 from specdec.theory import *
+from specdec.knob import Knob, knob_data, knob_html
 from specdec.pipelines import *
 from specdec.projections import *
 from specdec.harness import AUDIT_TIMEOUT
