@@ -76,6 +76,12 @@ def _offer_notebook(app, pagename, templatename, context, doctree):
         context["ipynb_source"] = f"{pagename}.ipynb"
 
 
+def _reread_front_page(app, env, added, changed, removed):
+    """The front page reads every chapter (reading times, the article's numbers): read it again
+    whenever another page is, so that an edit to a chapter alone cannot leave it stale."""
+    return [app.config.root_doc] if changed or added else []
+
+
 def _write_notebooks(app, exception):
     """After a successful HTML build: the stand-alone notebooks, and the archive of all of them."""
     if exception is not None or app.builder.name != "html":
@@ -213,6 +219,7 @@ def setup(app):
     app.connect("config-inited", _stamp_footer)
     app.connect("config-inited", _use_mathjax_loader)
     app.connect("html-page-context", _offer_notebook, priority=400)
+    app.connect("env-get-outdated", _reread_front_page)
     app.connect("build-finished", _write_notebooks)
     app.connect("build-finished", _lighten)
     return {"parallel_read_safe": True, "parallel_write_safe": True}

@@ -355,7 +355,10 @@ def _shipped(root):
 
 
 def write_all(app, root, outdir, archive_name, unpacked):
-    """Write each chapter's notebook where the site links it, the unpacked folder and the zip."""
+    """Write each chapter's notebook where the site links it, the unpacked folder and the zip.
+    A build of a single page (no notation page among its documents) writes none of them."""
+    if NOTATION not in app.env.found_docs:
+        return
     converter = Converter(app, root)
     chapters = sorted(
         p.relative_to(converter.executed).as_posix().removesuffix(".ipynb")

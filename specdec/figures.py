@@ -155,6 +155,55 @@ def plot_step_trace(steps):
     return fig
 
 
+def plot_loop(step=None):
+    """One speculative step as the loop it runs: q drafts γ tokens, p checks them in one call,
+    the kept drafts and one token from p come out, and the next step starts after them. The
+    default step is the second of chapter 2's traced run (two drafts kept, the third rejected)."""
+    from matplotlib.patches import Rectangle
+
+    if step is None:
+        step = trace_run(2, 4, 0.3, BOS, np.random.default_rng(SEEDS["trace"]))[1]
+    kinds = [kind for _, kind in step.boxes]
+    last = "bonus" if step.accepted == len(step.draft) else "resampled"
+    emitted = ["accepted"] * step.accepted + [last]
+    rows = (0, 1.35, 2.7)  # the draft, the tests, what comes out
+    fig, ax = new_figure(figsize=(4.8, 3.5))  # narrow: it reads at a phone's width
+
+    def box(col, row, token, kind, note=""):
+        style = STEP_STYLE[kind]
+        ax.add_patch(Rectangle((col + 0.05, row - 0.38), 0.9, 0.76, edgecolor="black", **style))
+        ax.text(
+            col + 0.5, row, show_token(token), ha="center", va="center", fontsize=15,
+            color="grey" if kind == "not tested" else "black",
+            bbox={"boxstyle": "round,pad=0.15", "facecolor": "white", "linewidth": 0},
+        )  # fmt: skip
+        if note:
+            ax.text(col + 0.5, row + 0.58, note, ha="center", va="center", fontsize=11)
+
+    for col, token in enumerate(step.draft):
+        box(col, rows[0], token, "not tested")
+    for col, (token, kind) in enumerate(zip(step.draft, kinds)):
+        ran = col < len(step.uniforms)
+        note = f"{'✓' if kind == 'accepted' else '✗'} {step.ratios[col]:.2f}" if ran else ""
+        box(col, rows[1], token, kind if ran else "not tested", note)
+    for col, (token, kind) in enumerate(zip(step.tokens, emitted)):
+        box(col, rows[2], token, kind)
+    right = len(step.draft) + 0.3
+    ax.annotate(
+        "", xy=(right, rows[0]), xytext=(right, rows[2]), arrowprops={
+            "arrowstyle": "->", "connectionstyle": "arc3,rad=0.45", "linewidth": 1.8},
+    )  # fmt: skip
+    ax.text(right + 0.9, rows[1], "repeat\nfrom\nthe last\ntoken", va="center", fontsize=12)
+    ax.set(xlim=(0, len(step.draft) + 2.4), ylim=(rows[2] + 0.5, rows[0] - 0.5))
+    ax.set_xticks([])
+    ax.set_yticks(rows, ["q drafts", "p checks", "emitted"])
+    ax.grid(False)
+    ax.spines[["left", "bottom"]].set_visible(False)
+    ax.set(xlabel="✓ kept, ✗ rejected; shown: min(1, p/q)", ylabel="stage")
+    ax.set_title(f"One step, γ = {len(step.draft)}: draft, verify, keep or resample")
+    return fig
+
+
 def plot_two_paths(ctx="t", w=0.3):
     """Per token: min(p, q) kept directly plus max(0, p − q) from the residual, against p and q."""
     _check_context(ctx)
@@ -626,6 +675,7 @@ def plot_lossy_frontier(rows, exact_points):
 
 # Every figure of the book, by name: `make figures` writes each one to figures/.
 FIGURES = {
+    "intro-loop": plot_loop,
     "ch1-target-heatmap": plot_target_heatmap,
     "ch1-draft-mixture": plot_draft_mixture,
     "ch1-sampling-check": lambda: plot_residuals(
