@@ -55,7 +55,7 @@ from specdec.engine import *
 from specdec.exact import *
 from specdec.stats import *
 from specdec.theory import *
-from specdec.knob import Knob, knob_data, knob_html
+from specdec.knob import *
 from specdec.pipelines import *
 from specdec.projections import *
 from specdec.harness import AUDIT_TIMEOUT
