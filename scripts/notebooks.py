@@ -22,6 +22,7 @@ from pathlib import Path
 import nbformat
 
 INSTALL = "python -m pip install -r requirements.txt jupyterlab"
+FOLDER = "exact-by-construction"  # the archive's one top-level folder
 NOT_IN_ARCHIVE = {"myst-nb"}  # the notebooks carry a stand-in for its glue
 GLUE_IMPORT = "from myst_nb import glue"
 GLUE_STANDIN = '''def glue(name, value, display=True):
@@ -40,6 +41,17 @@ KINDS = ("theorem", "lemma", "corollary", "proposition", "definition", "remark",
 PRF_DIRECTIVES = {f"prf:{k}" for k in KINDS}
 ADMONITIONS = {"note", "tip", "warning", "important", "caution", "attention", "hint", "seealso"}
 GLUE_ROLES = {"glue", "glue:", "glue:any", "glue:text", "glue:md"}
+
+
+def opening(title, archive_name):
+    """The first cell of a chapter's notebook: what to do from the folder that holds it."""
+    return (
+        f"*Exact by Construction*, “{title}”, with the numbers and figures of the book's build. "
+        f"To run it again, in this notebook's folder (`{FOLDER}/`, which also holds "
+        f"`specdec_core.py`, `specdec/` and `requirements.txt`): `{INSTALL}`, then "
+        f"`jupyter lab`. A copy downloaded alone from a chapter page needs that folder: it is "
+        f"the archive `{archive_name}` on the book's front page."
+    )
 
 
 class UnknownSyntax(ValueError):
@@ -285,13 +297,7 @@ class Converter:
         """The stand-alone notebook of one executed chapter."""
         executed = nbformat.read(self.executed / f"{docname}.ipynb", as_version=4)
         self._cited = []
-        cells = [
-            nbformat.v4.new_markdown_cell(
-                f"*Exact by Construction*, “{self._doc_title(docname)}”. To run this notebook "
-                f"outside the book, unpack `{archive_name}` (from the book's front page) and, "
-                f"in its folder: `{INSTALL}`, then `jupyter lab`."
-            )
-        ]
+        cells = [nbformat.v4.new_markdown_cell(opening(self._doc_title(docname), archive_name))]
         for cell in executed.cells:
             tags = set(cell.metadata.get("tags", []))
             if cell.cell_type == "markdown":
@@ -392,6 +398,6 @@ def write_all(app, root, outdir, archive_name, unpacked):
     with zipfile.ZipFile(outdir / archive_name, "w", zipfile.ZIP_DEFLATED) as archive:
         for path in sorted(p for p in unpacked.rglob("*") if p.is_file()):
             name = path.relative_to(unpacked).as_posix()
-            info = zipfile.ZipInfo(f"exact-by-construction/{name}", (2026, 1, 1, 0, 0, 0))
+            info = zipfile.ZipInfo(f"{FOLDER}/{name}", (2026, 1, 1, 0, 0, 0))
             info.compress_type, info.external_attr = zipfile.ZIP_DEFLATED, 0o644 << 16
             archive.writestr(info, path.read_bytes())

@@ -18,6 +18,8 @@ CHAPTERS = sorted(p for p in (ROOT / "book").glob("*.md") if "kernelspec:" in p.
 # What a plain Jupyter would show raw: a MyST role, a directive fence, a target, or the import of
 # myst_nb, which the reader does not have.
 RAW = re.compile(r"\{[a-z][\w:-]*\}`|^\s*(```+|:::+)\s*\{|^\s*\([\w.:-]+\)=\s*$|myst_nb", re.M)
+# An instruction to unpack an archive: wrong in a notebook the reader has just unpacked.
+UNPACK = re.compile(r"\bunpack\b|\bunzip\b|\bextract\b", re.I)
 
 pytestmark = pytest.mark.site
 
@@ -41,12 +43,24 @@ def test_the_raw_syntax_check_can_fail():
     assert len(raw_syntax(bad)) == 3
 
 
+def test_the_first_cell_says_what_to_do_from_inside_the_archive():
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from notebooks import FOLDER, INSTALL, opening
+
+    text = opening("Two models you can print", "book.zip")
+    assert INSTALL in text and "jupyter lab" in text and f"`{FOLDER}/`" in text
+    assert "Two models you can print" in text and not UNPACK.search(text)
+    # the control: the old first cell, which told the reader to unpack what they had unpacked
+    assert UNPACK.search("To run this notebook, unpack `book.zip` and, in its folder: ...")
+
+
 @pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda p: p.stem)
 def test_the_chapter_notebook_reads_without_the_site(chapter):
     notebook = notebook_of(chapter)
     nbformat.validate(notebook)
     assert not raw_syntax(notebook), raw_syntax(notebook)
     assert "pip install -r requirements.txt" in notebook.cells[0].source
+    assert not UNPACK.search(notebook.cells[0].source), notebook.cells[0].source
     text = "\n".join(c.source for c in notebook.cells if c.cell_type == "markdown")
     assert "Download this chapter" not in text, "a download line without its link"
     if "{doc}`notation`" in chapter.read_text():
