@@ -558,7 +558,7 @@ def plot_bug_power(rows):
     y = np.arange(len(rows))
     chi = np.array([r["caught by"] == "chi-square" for r in rows])
     for ax, key, label, title in (
-        (top, "TV", "exact TV from p̃ (three tokens)", "How far each bug moves the law"),
+        (top, "TV", "exact TV from p̃ (three tokens)", "How far each bug moves the output"),
         (
             bottom,
             "draws to catch",
