@@ -2,14 +2,15 @@
 
 Every public function of the book refuses bad input at once with a ValueError (or TypeError)
 that names the argument, and refuses a size past one of the limits below with one that says the
-limit and why (README, "Limits").
+limit and why (CONTRIBUTING.md, "Limits").
 """
 
 from numbers import Integral, Real
 
 import numpy as np
 
-# Size limits (README, "Limits"): past one, a call fails at once with a ValueError saying why.
+# Size limits (CONTRIBUTING.md, "Limits"): past one, a call fails at once with a ValueError
+# saying why.
 MAX_BYTES = 2**30  # working memory one call may allocate: 1 GiB
 MAX_LOOP = 10**6  # iterations of a literal loop, 5 to 15 µs each in make bench: seconds
 MAX_STEPS = 10**5  # iterations of a loop of array steps or of Theorem 3.8: tens of µs each

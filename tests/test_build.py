@@ -87,6 +87,55 @@ def test_the_supported_versions_agree_in_makefile_pyproject_and_readme():
     assert f"Python {versions[0]} to {versions[-1]}" in (ROOT / "README.md").read_text()
 
 
+# ---- the README, for a newcomer ------------------------------------------------------------------
+
+README_WORDS = 1_500  # issue 28: at most this many words (whitespace-separated, as `wc -w`)
+README_FIRST_LINES = 30  # about one screen: the two commands must be within it
+
+
+def readme_problems(text):
+    """Why a README is not a newcomer's: too long, or `make` and `make test` past its first
+    screen (each as a command line of a code block, not a mention in prose)."""
+    problems = []
+    if len(text.split()) > README_WORDS:
+        problems.append(f"{len(text.split())} words, more than {README_WORDS}")
+    top = text.splitlines()[:README_FIRST_LINES]
+    for command in ("make", "make test"):
+        if not any(re.fullmatch(rf"{command}(\s+#.*)?", line.strip()) for line in top):
+            problems.append(f"`{command}` is not a command line in the first {README_FIRST_LINES}")
+    return problems
+
+
+def test_the_readme_is_short_and_shows_the_two_commands_first():
+    readme = (ROOT / "README.md").read_text()
+    assert not readme_problems(readme), readme_problems(readme)
+    assert "(CONTRIBUTING.md)" in readme and (ROOT / "CONTRIBUTING.md").exists()
+
+
+def test_the_readme_check_can_fail():
+    commands = "```sh\nmake        # build\nmake test   # test\n```\n"
+    assert readme_problems("# Book\n\n" + commands) == []
+    too_long = "# Book\n\n" + commands + "word " * README_WORDS
+    assert readme_problems(too_long) == [f"{README_WORDS + 11} words, more than {README_WORDS}"]
+    late = "# Book\n" + "\n" * README_FIRST_LINES + commands
+    assert len(readme_problems(late)) == 2
+    assert len(readme_problems("# Book\n\nRun make, then make test.\n")) == 2  # prose is not enough
+
+
+def test_the_readme_figure_is_the_figures_scripts_output():
+    """README.md shows book/intro-loop.png: the bytes `make figures` writes as intro-loop.png."""
+    import io
+
+    import specdec_core as sc
+
+    assert "](book/intro-loop.png)" in (ROOT / "README.md").read_text()
+    made = io.BytesIO()
+    sc.FIGURES["intro-loop"]().savefig(made, format="png", metadata=None)  # as scripts/figures.py
+    assert made.getvalue() == (ROOT / "book" / "intro-loop.png").read_bytes(), (
+        "run `make figures` and copy figures/intro-loop.png to book/intro-loop.png"
+    )
+
+
 # ---- stale outputs: the execution cache and the site's images -----------------------------------
 
 
