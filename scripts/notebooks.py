@@ -23,6 +23,7 @@ import nbformat
 
 INSTALL = "python -m pip install -r requirements.txt jupyterlab"
 FOLDER = "exact-by-construction"  # the archive's one top-level folder
+BOOK = "Exact by Construction"
 NOT_IN_ARCHIVE = {"myst-nb"}  # the notebooks carry a stand-in for its glue
 GLUE_IMPORT = "from myst_nb import glue"
 GLUE_STANDIN = '''def glue(name, value, display=True):
@@ -45,8 +46,9 @@ GLUE_ROLES = {"glue", "glue:", "glue:any", "glue:text", "glue:md"}
 
 def opening(title, archive_name):
     """The first cell of a chapter's notebook: what to do from the folder that holds it."""
+    named = "" if title == BOOK else f", “{title}”"  # the front page has the book's title
     return (
-        f"*Exact by Construction*, “{title}”, with the numbers and figures of the book's build. "
+        f"*{BOOK}*{named}, with the numbers and figures of the book's build. "
         f"To run it again, in this notebook's folder (`{FOLDER}/`, which also holds "
         f"`specdec_core.py`, `specdec/` and `requirements.txt`): `{INSTALL}`, then "
         f"`jupyter lab`. A copy downloaded alone from a chapter page needs that folder: it is "
