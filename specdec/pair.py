@@ -685,7 +685,7 @@ def plot_beta_histograms(betas):
         heights, _, _ = ax.hist(beta, bins=bins, color=style["color"], weights=weights)
         ax.axvline(beta.mean(), color="black", linestyle="--", linewidth=1.2)
         ax.plot(beta.mean(), heights.max() * 1.08, markersize=10, markeredgecolor="black", **style)
-        ax.set(title=f"{name}: α = {beta.mean():.2f}", ylabel="% of contexts")
+        ax.set(title=f"{name}: α = {beta.mean():.2f}", xlabel="β", ylabel="% of contexts")
         ax.set_ylim(top=heights.max() * 1.2)  # room for the marker
     ax.set_xlabel("β at a held-out context (dashed: its mean, α)")
     return fig
