@@ -84,7 +84,7 @@
       say("alpha", fixed(alpha, 3));
       say("tokens", fixed(tokens(alpha, gamma), 2));
       say("speedup", fixed(atGamma[gamma], 2));
-      say("best", `${best} (${fixed(atGamma[best], 2)}×)`);
+      say("best", `${best}, at ${fixed(atGamma[best], 2)}×`);
       say("title-gamma", `w = ${fixed(data.w[i], 2)}, c = ${fixed(c, 2)}`);
       say("title-w", `γ = ${gamma}, c = ${fixed(c, 2)}`);
     }

@@ -88,7 +88,7 @@ def knob_html(w=0.9, gamma=4, c=0.1, name="knob"):
     say = '<span data-say="{}"></span>'.format
     readout = (
         f"α(w) = {say('alpha')}; at this γ, {say('tokens')} tokens per target call, "
-        f"projected {say('speedup')}× faster; best γ ≤ {KNOB_MAX_GAMMA}: {say('best')}."
+        f"projected {say('speedup')}× faster; best γ up to {KNOB_MAX_GAMMA}: {say('best')}."
     )
     fallback = (
         "The sliders of this figure run in the book's web page, or here once the cell has run "
