@@ -178,7 +178,7 @@ def plot_loop(step=None):
             bbox={"boxstyle": "round,pad=0.15", "facecolor": "white", "linewidth": 0},
         )  # fmt: skip
         if note:
-            ax.text(col + 0.5, row + 0.58, note, ha="center", va="center", fontsize=11)
+            ax.text(col + 0.5, row + 0.58, note, ha="center", va="center", fontsize=12)
 
     for col, token in enumerate(step.draft):
         box(col, rows[0], token, "not tested")
@@ -188,13 +188,13 @@ def plot_loop(step=None):
         box(col, rows[1], token, kind if ran else "not tested", note)
     for col, (token, kind) in enumerate(zip(step.tokens, emitted)):
         box(col, rows[2], token, kind)
-    right = len(step.draft) + 0.3
+    right = len(step.draft) + 0.2
     ax.annotate(
         "", xy=(right, rows[0]), xytext=(right, rows[2]), arrowprops={
             "arrowstyle": "->", "connectionstyle": "arc3,rad=0.45", "linewidth": 1.8},
     )  # fmt: skip
-    ax.text(right + 0.9, rows[1], "repeat\nfrom\nthe last\ntoken", va="center", fontsize=12)
-    ax.set(xlim=(0, len(step.draft) + 2.4), ylim=(rows[2] + 0.5, rows[0] - 0.5))
+    ax.text(right + 0.75, rows[1], "repeat\nfrom\nthe last\ntoken", va="center", fontsize=12)
+    ax.set(xlim=(0, len(step.draft) + 2.1), ylim=(rows[2] + 0.5, rows[0] - 0.5))
     ax.set_xticks([])
     ax.set_yticks(rows, ["q drafts", "p checks", "emitted"])
     ax.grid(False)
