@@ -60,6 +60,7 @@ $(BIN)/.lab-installed: $(BIN)/.installed requirements-lab.txt
 # from it, whenever a module (the front door or the package), its shipped data (weights, corpus,
 # stored results) or the installed packages change.
 _build/.core-stamp: specdec_core.py $(wildcard specdec/*.py specdec/weights/* specdec/data/*) \
+		$(wildcard specdec/*.js specdec/vendor/*) \
 		$(BIN)/.installed
 	rm -rf _build/.jupyter_cache _build/.doctrees _build/jupyter_execute $(SITE)
 	@mkdir -p $(@D)

@@ -26,7 +26,7 @@
   const fixed = (x, digits) => x.toFixed(digits);
   const only = (n, i, value) => Array.from({ length: n }, (_, k) => (k === i ? value : null));
 
-  function chart(root, element, x, labels, xLabel) {
+  function chart(root, element, x, labels, xLabel, integers) {
     const [blue, orange, grey] = root.knobData.colors;
     const font = "13px system-ui, sans-serif";
     const axis = (label) => ({ label, font, labelFont: font, grid: { stroke: "#e6e6e6" } });
@@ -36,7 +36,8 @@
       width: element.clientWidth, height: 230,
       cursor: { show: false }, legend: { live: false },
       scales: { x: { time: false }, y: { range: (u, lo, hi) => [0, Math.max(2, hi * 1.08)] } },
-      axes: [axis(xLabel), axis("projected speedup (×)")],
+      axes: [{ ...axis(xLabel), ...(integers ? { incrs: [1, 2, 5] } : {}) },
+        axis("projected speedup (×)")],
       series: [{ label: xLabel },
         { label: labels[0], stroke: blue, width: 2, points: { show: x.length < 20, size: 6 } },
         { label: labels[1], stroke: grey, width: 1.5, dash: [6, 4], points: { show: false } },
@@ -59,7 +60,7 @@
     const [byGamma, byW] = root.querySelectorAll(".knob-chart");
     const charts = [
       chart(root, byGamma, gammas, ["at this w and c", "tokens per call (c = 0)", "chosen γ",
-        `best γ ≤ ${data.max_gamma}`], "γ, drafts per step"),
+        `best γ ≤ ${data.max_gamma}`], "γ, drafts per step", true),
       chart(root, byW, data.w, ["at this γ and c", "tokens per call (c = 0)", "chosen w"],
         "draft weight w"),
     ];
