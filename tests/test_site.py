@@ -14,12 +14,13 @@ import pytest
 from bs4 import BeautifulSoup
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+import page_measures  # noqa: E402  scripts/page_measures.py: what a reader first meets
 import pdf  # noqa: E402  scripts/pdf.py: the offline launcher prefix for Chromium
 
 import specdec_core as sc  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-SITE = ROOT / "_build" / "html"
+SITE = Path(os.environ.get("BOOK_SITE", ROOT / "_build" / "html"))  # another built copy to test
 PAGES = sorted(p for p in SITE.rglob("*.html") if "_static" not in p.relative_to(SITE).parts)
 CONTENT_PAGES = [p for p in PAGES if p.parent.name == "book"]
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -273,7 +274,8 @@ def settle(page):
 
 
 # Measures, in the page: math cut off by a clipping box or the window; formulas that stick out of
-# any box (so that they need a sideways scroll); code blocks that wrap, or scroll without a cue;
+# any box (so that they need a sideways scroll); code blocks that wrap without a hanging indent
+# (each source line at the edge, its continuation set in), or scroll without a cue;
 # wide tables without a cue; each content image's drawn and natural width.
 MEASURE = """() => {
     const scroller = o => o === 'auto' || o === 'scroll';
@@ -303,10 +305,13 @@ MEASURE = """() => {
         }
         if (out) sticking.push(m.textContent.slice(0, 60));
     }
+    const hanging = c => c.whiteSpace === 'pre-wrap' && /hanging/.test(c.textIndent)
+        && /each-line/.test(c.textIndent) && parseFloat(c.textIndent) > 0;
     const code = [...document.querySelectorAll('main pre')].filter(shown).filter(p => {
         const c = getComputedStyle(p);
         const scrolls = p.scrollWidth > p.clientWidth + 1;
-        return c.whiteSpace !== 'pre' || (scrolls && !(scroller(c.overflowX) && cued(p)));
+        return (c.whiteSpace !== 'pre' && !hanging(c))
+            || (scrolls && !(scroller(c.overflowX) && cued(p)));
     }).map(p => p.textContent.slice(0, 60));
     const scrolling = [...document.querySelectorAll('main pre')]
         .filter(p => shown(p) && p.scrollWidth > p.clientWidth + 1).length;
@@ -553,14 +558,19 @@ CUE = (
 
 
 def test_the_phone_measures_can_fail(browser, tmp_path):
-    """A formula that scrolls in its box, code that wraps, a scrolling code block and a wide
-    table without a cue are each caught; the same code and table with the cue pass."""
+    """A formula that scrolls in its box, code that wraps without a hanging indent, a scrolling
+    code block and a wide table without a cue are each caught; the same code and table with the
+    cue pass, and so does code that wraps with a hanging indent."""
     wide = "<table><tr>" + "<td>cell number</td>" * 30 + "</tr></table>"
     page = tmp_path / "phone.html"
     page.write_text(
         '<main><div style="overflow-x: auto; width: 200px"><mjx-container style="display:'
         ' inline-block"><mjx-math style="display: inline-block; width: 300px">z</mjx-math>'
         '</mjx-container></div><pre style="white-space: pre-wrap">' + "w " * 300 + "</pre>"
+        '<pre style="white-space: pre-wrap; text-indent: 4ch hanging each-line">'
+        + "h "
+        * 300
+        + "</pre>"
         '<pre style="white-space: pre; overflow-x: auto">' + "v" * 400 + "</pre>"
         f'<div style="overflow-x: auto">{wide}</div>'
         f'<pre style="white-space: pre; overflow-x: auto; {CUE}">' + "u" * 400 + "</pre>"
@@ -669,3 +679,233 @@ def test_the_citation_check_can_fail(tmp_path):
     page = tmp_path / "page.html"
     page.write_text('<a class="reference internal" href="bibliography.html#e1">[X]</a>')
     assert list(citations(page)) == [("bibliography.html#e1", "doc-biblioentry", [])]
+
+
+# ---- issue 28: a book a reader finishes (scripts/page_measures.py measures, these hold) -----
+
+CHAPTERS = [p for p in CONTENT_PAGES if re.match(r"ch\d_", p.stem)]
+WORDS_PER_CHAPTER = 4_500  # visible words, dropdowns closed, unfolded code included
+WORDS_ALL_CHAPTERS = 27_000  # over ch1 to ch9
+WORDS_BEFORE_FIGURE = 700
+LONG_SENTENCE, LONG_SENTENCES = 40, 5  # at most 5 sentences of over 40 words a chapter
+PHONE_SCREEN = 844  # CSS px: a 390 x 844 phone
+LANDING_FIGURE_SCREENS = 1.5  # the landing page's first figure, its middle, within 1.5 screens
+# The cue's shadow is 30 % black at the box's edge, fading over 0.9 em: with it, the box's last
+# 4 px measured 18 to 44 grey levels darker (median over the strip) than the same pixels once the
+# box is scrolled to its end, where the shadow is covered; without it, or under opaque rows, 0.
+# Text at the edge darkens a few pixels either way; the median of the strip ignores them. A cue
+# must make the edge at least this much darker (of 255).
+CUE_CONTRAST = 10
+
+_measured = {}
+
+
+def reader_measures(browser, page_path, width=DESKTOP, height=900):
+    """page_measures.MEASURE on a page as a reader first sees it (dropdowns closed), and under
+    "unfolded" with every dropdown and folded cell open; cached per page and window."""
+    key = (str(page_path), width, height)
+    if key not in _measured:
+        context, page, outside, errors = new_page(browser, width)
+        page.set_viewport_size({"width": width, "height": height})
+        page.goto(page_path.as_uri(), wait_until="load")
+        settle(page)
+        measures = page.evaluate(page_measures.MEASURE)
+        page.evaluate(page_measures.UNFOLD)
+        page.wait_for_timeout(100)
+        measures["unfolded"] = page.evaluate(page_measures.MEASURE)
+        context.close()
+        assert not outside, outside
+        _measured[key] = measures
+    return _measured[key]
+
+
+# Each check takes a page's measures and returns what breaks issue 28's goal (falsy if nothing).
+READING_CHECKS = {
+    "visible words": lambda m: (n := page_measures.words(m["text"])) > WORDS_PER_CHAPTER and n,
+    "words before the first figure": lambda m: (
+        (n := page_measures.words(m["before"])) > WORDS_BEFORE_FIGURE and n
+    ),
+    "sentences over 40 words": lambda m: (
+        len(long := page_measures.long_sentences(m["prose"], LONG_SENTENCE)) > LONG_SENTENCES
+        and long
+    ),
+    "code that scrolls sideways at 1400 px, dropdowns open": lambda m: m["unfolded"]["wideCode"],
+    "pandas tables with an index row, dropdowns open": lambda m: m["unfolded"]["indexed"],
+}
+
+
+def check_reading(browser, page_path, name):
+    fault = READING_CHECKS[name](reader_measures(browser, page_path))
+    assert not fault, f"{page_path.stem}: {name}: {fault}"
+
+
+@pytest.mark.parametrize("page_path", CHAPTERS, ids=lambda p: p.stem)
+def test_a_chapter_has_at_most_4500_visible_words(browser, page_path):
+    check_reading(browser, page_path, "visible words")
+
+
+def test_the_chapters_have_at_most_27000_visible_words_together(browser):
+    counts = {p.stem: page_measures.words(reader_measures(browser, p)["text"]) for p in CHAPTERS}
+    assert len(counts) == 9 and sum(counts.values()) <= WORDS_ALL_CHAPTERS, counts
+
+
+@pytest.mark.parametrize("page_path", CHAPTERS, ids=lambda p: p.stem)
+def test_a_chapter_shows_a_figure_within_700_words(browser, page_path):
+    check_reading(browser, page_path, "words before the first figure")
+
+
+@pytest.mark.parametrize("page_path", CHAPTERS, ids=lambda p: p.stem)
+def test_a_chapter_has_at_most_5_sentences_over_40_words(browser, page_path):
+    check_reading(browser, page_path, "sentences over 40 words")
+
+
+@pytest.mark.parametrize("page_path", CONTENT_PAGES, ids=lambda p: p.stem)
+def test_no_code_scrolls_sideways_at_1400_px(browser, page_path):
+    check_reading(browser, page_path, "code that scrolls sideways at 1400 px, dropdowns open")
+
+
+@pytest.mark.parametrize("page_path", CONTENT_PAGES, ids=lambda p: p.stem)
+def test_no_table_shows_a_pandas_index(browser, page_path):
+    check_reading(browser, page_path, "pandas tables with an index row, dropdowns open")
+
+
+def test_the_reading_checks_can_fail(browser, tmp_path):
+    """A synthetic chapter breaks every goal and each check rejects it; the same prose folded
+    into a dropdown, the figure first, sc.table's table and code that fits pass every check (so
+    folding is what the words and sentence counts see)."""
+    import pandas as pd
+    from PIL import Image
+
+    Image.new("RGB", (400, 300), "steelblue").save(tmp_path / "figure.png")
+    figure = '<img src="figure.png" alt="a figure" style="width: 400px; height: 300px">'
+    long = "<p>" + " ".join(["This sentence runs on" + " and on" * 21 + "."] * 6) + "</p>"
+    bulk = "<p>" + "Words of a chapter. " * 1_300 + "</p>"
+    frame = pd.DataFrame({"tokens": [1.5, 2.5]}, index=pd.Index(["a", "b"], name="draft"))
+    indexed, clean = frame.to_html(), sc.table(frame, "Tokens per call by draft").to_html()
+    wide = '<pre style="white-space: pre; overflow-x: auto">' + "x = 1  # " + "y" * 200
+    fits = '<pre style="white-space: pre; overflow-x: auto">x = 1'
+    bad, good = tmp_path / "bad.html", tmp_path / "good.html"
+    bad.write_text(f"<main><article>{long}{bulk}{figure}{wide}</pre>{indexed}</article></main>")
+    good.write_text(
+        f"<main><article><p>A short opening.</p>{figure}<details><summary>How we know</summary>"
+        f"{long}{bulk}</details>{fits}</pre>{clean}</article></main>"
+    )
+    bad_measures, good_measures = reader_measures(browser, bad), reader_measures(browser, good)
+    assert all(check(bad_measures) for check in READING_CHECKS.values()), {
+        name: bool(check(bad_measures)) for name, check in READING_CHECKS.items()
+    }
+    assert not any(check(good_measures) for check in READING_CHECKS.values()), {
+        name: check(good_measures) for name, check in READING_CHECKS.items()
+    }
+
+
+def landing_figure_fault(browser, page_path):
+    """How far below 1.5 phone screens the first figure's middle is drawn (None if within)."""
+    middle = reader_measures(browser, page_path, PHONE, PHONE_SCREEN)["figureMiddle"]
+    limit = LANDING_FIGURE_SCREENS * PHONE_SCREEN
+    return None if middle is not None and middle <= limit else (middle, limit)
+
+
+def test_the_landing_page_shows_a_figure_within_one_and_a_half_phone_screens(browser):
+    landing = SITE / "book" / "intro.html"
+    assert f"url={landing.relative_to(SITE).as_posix()}" in (SITE / "index.html").read_text()
+    fault = landing_figure_fault(browser, landing)
+    assert fault is None, f"the first figure's middle (None: no figure) at {fault[0]}, not within"
+    f" the first {LANDING_FIGURE_SCREENS} phone screens ({fault[1]} px)"
+
+
+def test_the_landing_figure_check_can_fail(browser, tmp_path):
+    from PIL import Image
+
+    Image.new("RGB", (400, 300), "steelblue").save(tmp_path / "figure.png")
+    figure = '<img src="figure.png" alt="a figure" style="width: 360px; height: 270px">'
+    late, early = tmp_path / "late.html", tmp_path / "early.html"
+    late.write_text("<main><p>" + "An opening that runs on. " * 300 + f"</p>{figure}</main>")
+    early.write_text(f"<main><p>Two sentences.</p>{figure}<p>" + "More. " * 300 + "</p></main>")
+    assert landing_figure_fault(browser, late) is not None
+    assert landing_figure_fault(browser, early) is None
+
+
+def cue_contrasts(browser, page_path):
+    """For each table that scrolls sideways in its box at 390 px (dropdowns closed): how much
+    darker the box's right edge is at the start of its scroll than at its end, in grey levels,
+    the median over the edge's last 4 px and first 400 px of height."""
+    import io
+    import statistics
+
+    from PIL import Image
+
+    context, page, outside, errors = new_page(browser, PHONE)
+    page.goto(page_path.as_uri(), wait_until="load")
+    settle(page)
+    count = page.evaluate(
+        """() => {
+        const scroller = e => ['auto', 'scroll'].includes(getComputedStyle(e).overflowX);
+        let n = 0;
+        for (const t of document.querySelectorAll('main table')) {
+            if (!t.checkVisibility()) continue;
+            let box = t;
+            while (box && box !== document.body && !scroller(box)) box = box.parentElement;
+            if (box && box !== document.body && box.scrollWidth > box.clientWidth + 1
+                && !box.dataset.cueBox) box.dataset.cueBox = String(n++);
+        }
+        return n;
+    }"""
+    )
+    contrasts = {}
+    for i in range(count):
+        box = page.locator(f'[data-cue-box="{i}"]')
+        box.scroll_into_view_if_needed()
+        edges = []
+        for where in ("0", "b.scrollWidth"):
+            box.evaluate(f"b => {{ b.scrollLeft = {where}; }}")
+            page.wait_for_timeout(50)
+            image = Image.open(io.BytesIO(box.screenshot())).convert("L")
+            width, height = image.size
+            edge = image.crop((width - 4, 0, width, min(height, 400)))
+            edges.append(statistics.median(edge.tobytes()))
+        label = box.evaluate(
+            "b => (b.querySelector('caption, th, td') || b).textContent.trim().slice(0, 40)"
+        )
+        contrasts[f"{i}: {label}"] = edges[1] - edges[0]
+    context.close()
+    assert not outside, outside
+    return contrasts
+
+
+def test_wide_tables_show_the_scroll_cue_in_pixels_on_a_phone(browser):
+    """Every table wider than its box on a phone shows the cue at its edge, drawn on screen."""
+    contrasts = {p.stem: cue_contrasts(browser, p) for p in CONTENT_PAGES}
+    print("cue contrast (grey levels) of each wide table at 390 px:", contrasts)
+    assert any(contrasts.values()), "no table scrolls sideways on a phone: the check saw nothing"
+    faint = {
+        page: {table: c for table, c in found.items() if c < CUE_CONTRAST}
+        for page, found in contrasts.items()
+    }
+    assert not any(faint.values()), {page: found for page, found in faint.items() if found}
+
+
+THEME_COLOURS = ":root { --pst-color-background: #fff; --pst-color-surface: #f3f4f5; }"
+
+
+def test_the_cue_pixel_check_can_fail(browser, tmp_path):
+    """The book's cue over a wide table shows; the same cue under opaque rows (as the theme
+    painted them) does not, and neither does a box with no cue at all."""
+    css = (SITE / "_static" / "book.css").as_uri()
+    rows = "".join(
+        f"<tr>{''.join(f'<td>cell_{r}_{c}</td>' for c in range(12))}</tr>" for r in range(8)
+    )
+    table = f'<table class="dataframe">{rows}</table>'
+    cued = f'<div class="cell_output"><div class="output text_html">{table}</div></div>'
+    for name, style, body, shows in [
+        ("cue", "", cued, True),
+        ("opaque", "tr { background: #ffffff !important; }", cued, False),
+        ("none", "div.x { overflow-x: auto; }", f'<div class="x">{table}</div>', False),
+    ]:
+        page = tmp_path / f"{name}.html"
+        page.write_text(
+            f'<link rel="stylesheet" href="{css}"><style>{THEME_COLOURS} {style}</style>'
+            f'<main><div class="bd-content">{body}</div></main>'
+        )
+        (contrast,) = cue_contrasts(browser, page).values()
+        assert (contrast >= CUE_CONTRAST) == shows, (name, contrast)
