@@ -731,6 +731,7 @@ READING_CHECKS = {
     ),
     "code that scrolls sideways at 1400 px, dropdowns open": lambda m: m["unfolded"]["wideCode"],
     "pandas tables with an index row, dropdowns open": lambda m: m["unfolded"]["indexed"],
+    "tables without a caption, dropdowns open": lambda m: m["unfolded"]["uncaptioned"],
 }
 
 
@@ -767,6 +768,11 @@ def test_no_code_scrolls_sideways_at_1400_px(browser, page_path):
 @pytest.mark.parametrize("page_path", CONTENT_PAGES, ids=lambda p: p.stem)
 def test_no_table_shows_a_pandas_index(browser, page_path):
     check_reading(browser, page_path, "pandas tables with an index row, dropdowns open")
+
+
+@pytest.mark.parametrize("page_path", CONTENT_PAGES, ids=lambda p: p.stem)
+def test_every_table_has_a_caption(browser, page_path):
+    check_reading(browser, page_path, "tables without a caption, dropdowns open")
 
 
 def test_the_reading_checks_can_fail(browser, tmp_path):
