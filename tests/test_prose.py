@@ -49,10 +49,6 @@ ALLOWED = [
         "effect size): the code cell runs the same value, and a reader needs it typed",
     ),
     (
-        r"stays in its regime with probability 0\.9\b",
-        "chapter 4's regime target: the stay probability it is built with (stay = 0.9)",
-    ),
-    (
         r"\(ε, δ\) = \(0\.09, 0\.3\)",
         "Medusa's published default thresholds, which chapter 7 scales: a setting",
     ),
@@ -69,10 +65,6 @@ ALLOWED = [
     (
         r"within (?:1\.5 times|50 ?% of) (?:its|the) two-position time|within 2\.5 × 10",
         "a threshold the text defines (chapter 8's flat region, chapter 9's tolerance)",
-    ),
-    (
-        r"\(20 for 0\.20\)|\(0\.3 is 3/10\)",
-        "shows how a number is written (percent for a probability, a decimal as a fraction)",
     ),
     (
         r"speedups of 5–8 ?%|\"up to ~60 ?%\"|slowed it down by 1\.4× and 1\.8×"
