@@ -320,3 +320,46 @@ def test_stopping_bias_sees_the_rows_own_means_bias_and_the_ratios_small_one():
         specdec.pair.stopping_bias(1.5, 4, 64, 48, 10, np.random.default_rng(3))
     with pytest.raises(ValueError, match="reps must be at least 1"):
         specdec.pair.stopping_bias(0.7, 4, 64, 48, 0, np.random.default_rng(3))
+
+
+# ---- chapter 9's figures ------------------------------------------------------------------------
+
+
+def test_a_draft_keeps_its_colour_and_marker_in_every_chapter_9_figure():
+    import matplotlib.colors as mcolors
+    import pandas as pd
+
+    from specdec import race
+
+    rng = np.random.default_rng(0)
+    hist = specdec.pair.plot_beta_histograms({n: rng.random(50) for n in ("bigram", "draft1-2000")})
+    table = pd.DataFrame({"draft": ["bigram", "draft1-2000"], "gamma": [2, 2]})
+    table["predicted"], table["speedup"], table["low"], table["high"] = 1.2, 1.3, 1.1, 1.5
+    prediction = race.plot_prediction(table, "t")
+    drawn = [  # (draft, its marker line): the histograms' markers on the mean, the race's points
+        (ax.get_title().split(":")[0], line)
+        for ax in hist.axes
+        for line in ax.get_lines()
+        if line.get_marker() not in ("None", "")
+    ] + [(c.get_label(), c.lines[0]) for c in prediction.axes[0].containers]
+    points = pd.DataFrame(  # the roofline's rows: one model and implementation per line
+        [
+            {"model": m, "implementation": i, "n": n, "seconds": 1e-3 * n, "flops": n, "bytes": 1}
+            for m in ("bigram", "draft1-2000")
+            for i in ("numpy", "runtime")
+            for n in (1, 5)
+        ]
+    )
+    roofline = race.plot_roofline(points, race.Machine(1e10, 1e10, 1e9, 2**25))
+    lines = [line for line in roofline.axes[0].get_lines() if line.get_marker() not in ("None", "")]
+    drawn += zip(["bigram", "bigram", "draft1-2000", "draft1-2000"], lines, strict=True)
+    assert len(drawn) == 8
+    shown = {}  # {draft: {(colour, marker), ...}} over both figures
+    for name, line in drawn:
+        shown.setdefault(name, set()).add((mcolors.to_hex(line.get_color()), line.get_marker()))
+    for name in ("bigram", "draft1-2000"):
+        style = specdec.pair.model_style(name)
+        assert shown[name] == {(mcolors.to_hex(style["color"]), style["marker"])}, name
+    assert shown["bigram"] != shown["draft1-2000"]  # the control: two drafts, two looks
+    with pytest.raises(ValueError, match="name must be one of"):
+        specdec.pair.model_style("draft9")
