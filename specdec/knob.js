@@ -29,7 +29,10 @@
   function chart(root, element, x, labels, xLabel, integers) {
     const [blue, orange, grey] = root.knobData.colors;
     const font = "13px system-ui, sans-serif";
-    const axis = (label) => ({ label, font, labelFont: font, grid: { stroke: "#e6e6e6" } });
+    const ink = () => getComputedStyle(root).color; // the page's text colour, light or dark
+    const faint = { stroke: "rgba(128, 128, 128, 0.3)" };
+    const axis = (label) => ({ label, font, labelFont: font, stroke: ink, grid: faint,
+      ticks: faint });
     const marker = (color, size) => ({ stroke: color, fill: color, width: 0, paths: () => null,
       points: { show: true, size, fill: color, stroke: color } });
     const options = {
@@ -41,10 +44,10 @@
       series: [{ label: xLabel },
         { label: labels[0], stroke: blue, width: 2, points: { show: x.length < 20, size: 6 } },
         { label: labels[1], stroke: grey, width: 1.5, dash: [6, 4], points: { show: false } },
-        { label: "break-even, 1×", stroke: "#000", width: 1, points: { show: false } },
+        { label: "break-even, 1×", stroke: ink, width: 1, points: { show: false } },
         { label: labels[2], ...marker(orange, 13) }],
     };
-    if (labels[3]) options.series.push({ label: labels[3], ...marker("#000", 7) });
+    if (labels[3]) options.series.push({ label: labels[3], ...marker(ink, 7) });
     return new uPlot(options, [x, ...options.series.slice(1).map(() => x.map(() => null))],
       element);
   }
@@ -96,6 +99,8 @@
       if (width !== u.width) u.setSize({ width, height: u.height });
     });
     new ResizeObserver(resize).observe(root);
+    new MutationObserver(() => charts.forEach((u) => u.redraw(false))) // the theme's switch
+      .observe(document.documentElement, { attributes: true, attributeFilter: ["data-theme"] });
     root.querySelector(".knob-fallback").hidden = true;
     update();
   }
