@@ -123,6 +123,10 @@ class Knob:
 
     def __init__(self, w=0.9, gamma=4, c=0.1, name="knob"):
         self.html = knob_html(w, gamma, c, name)
+        self._shown = f"Knob(w={w!r}, gamma={gamma!r}, c={c!r}): sliders in an HTML page"
+
+    def __repr__(self):  # the plain-text output, the same on every run (no memory address)
+        return self._shown
 
     def _repr_html_(self):
         return self.html

@@ -38,7 +38,7 @@ def test_the_fragment_is_the_same_bytes_every_time_and_requests_nothing():
     fragment = sc.knob_html()
     assert fragment == sc.knob_html() and 'id="knob"' in fragment
     assert not REQUEST.search(fragment), REQUEST.search(fragment)
-    assert sc.Knob()._repr_html_() == fragment
+    assert sc.Knob()._repr_html_() == fragment and repr(sc.Knob()) == repr(sc.Knob())
 
 
 def test_the_request_check_can_fail():
