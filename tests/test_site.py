@@ -923,3 +923,42 @@ def test_the_cue_pixel_check_can_fail(browser, tmp_path):
         )
         (contrast,) = cue_contrasts(browser, page).values()
         assert (contrast >= CUE_CONTRAST) == shows, (name, contrast)
+
+
+def test_book_js_right_aligns_the_numeric_columns_of_a_table(browser, tmp_path):
+    """sc.table's numbers (thousands separators, a true minus, a dash for no value, ×) are
+    marked numeric and right-aligned; a column of words, or of words and numbers, is not."""
+    import pandas as pd
+
+    frame = pd.DataFrame(
+        {
+            "bug": ["argmax draft", "raw q"],
+            "draws": [69_616_927, 21],
+            "gap": [-0.25, float("nan")],
+            "speedup": ["2.3–3.6×", "1.5×"],
+            "test": ["chi-square", "3"],
+        }
+    )
+    page = tmp_path / "table.html"
+    page.write_text(
+        f'<link rel="stylesheet" href="{(SITE / "_static" / "book.css").as_uri()}">'
+        f'<main><div class="bd-content">{sc.table(frame, "A table").to_html()}</div></main>'
+        f'<script src="{(SITE / "_static" / "book.js").as_uri()}"></script>'
+    )
+    context, browser_page, outside, errors = new_page(browser, DESKTOP)
+    browser_page.goto(page.as_uri(), wait_until="load")
+    aligned = browser_page.evaluate(
+        "() => [...document.querySelectorAll('thead th')].map((th, i) => [th.textContent,"
+        " [...document.querySelectorAll(`tbody td:nth-child(${i + 1})`)]"
+        ".every(td => td.classList.contains('book-num')"
+        " && getComputedStyle(td).textAlign === 'right')])"
+    )
+    context.close()
+    assert not outside and not errors, (outside, errors)
+    assert dict(aligned) == {
+        "bug": False,
+        "draws": True,
+        "gap": True,
+        "speedup": True,
+        "test": False,
+    }, aligned
