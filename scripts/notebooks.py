@@ -247,6 +247,13 @@ class Converter:
             return [f"<details><summary>{arg or 'More'}</summary>", "", *inner, "", "</details>"]
         if name == "math":
             return ["$$", *body, "$$"]
+        if name == "table":  # a captioned Markdown table: the caption above it, as on the site
+            caption = self.convert_lines(docname, [arg], cell) if arg else []
+            return [
+                *(f"*{line}*" for line in caption if line),
+                "",
+                *self.convert_lines(docname, body, cell),
+            ]
         raise UnknownSyntax(f"{docname}: directive {{{name}}} is not converted")
 
     def _attach(self, cell, key, data):
