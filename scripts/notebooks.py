@@ -266,8 +266,11 @@ class Converter:
         raise UnknownSyntax(f"glued {key!r} has no image")
 
     def convert_lines(self, docname, lines, cell, cited=None):
-        """Markdown lines with every role and directive replaced."""
-        cited = self._cited if cited is None else cited
+        """Markdown lines with every role and directive replaced; citations are collected in
+        cited (kept for the directives nested inside, which convert their own lines)."""
+        if cited is not None:
+            self._cited = cited
+        cited = self._cited
         out, i = [], 0
         while i < len(lines):
             line = lines[i]
