@@ -4,9 +4,9 @@
 charts drawn by uPlot 1.6.32 (vendored in specdec/vendor, MIT licence, 51 KB), the core's exact
 α(w) for w = 0, 0.01, ..., 1 as Python floats, and specdec/knob.js, which applies Equation 1 and
 Theorem 3.8 to those α. The library, the numbers and the code are inline, so the figure works
-from file://, in the single-page build and in a trusted notebook, and only the page that shows
-it carries it (Jupyter Book adds every .js file in _static/ to every page). Two calls with the
-same arguments give the same bytes: fixed ids, floats written by `repr`.
+in a page opened from disk, in the single-page build and in a trusted notebook, and only the
+page that shows it carries it (Jupyter Book adds every .js file in _static/ to every page).
+Two calls with the same arguments give the same bytes: fixed ids, floats written by `repr`.
 """
 
 import html
