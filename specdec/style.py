@@ -113,6 +113,24 @@ def number(x, digits=3):
     return text.replace("-", "−")
 
 
+_SUPERSCRIPT = str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹")
+
+
+def power_of_ten(exponent):
+    """10 to an integer power, as prose writes it: power_of_ten(-15) is "10⁻¹⁵"."""
+    return "10" + str(int(exponent)).translate(_SUPERSCRIPT)
+
+
+def times_ten(x, digits=2, sep=" "):
+    """A value far from 1 as prose writes it, never in e-notation: times_ten(6.9e-18) is
+    "6.9 × 10⁻¹⁸" (`digits` significant figures, `sep` around the ×, a true minus), and an
+    exact zero is "0"."""
+    if not x:
+        return "0"
+    mantissa, exponent = f"{x:.{digits - 1}e}".split("e")
+    return f"{mantissa}{sep}×{sep}{power_of_ten(exponent)}".replace("-", "−")
+
+
 def table(frame, caption, formats=None, digits=3):
     """A data frame as a table for people: a caption, named columns, no pandas index (a named
     index becomes ordinary columns; a bare 0…N index is dropped), and numbers through `number`

@@ -1,5 +1,5 @@
-"""The book's tables for people (style.table, style.number): captioned, no pandas index, numbers
-as a reader reads them, and the same HTML on every build."""
+"""The book's tables and numbers for people (style.table, number, times_ten): captioned, no pandas
+index, numbers as a reader reads them, and the same HTML on every build."""
 
 import numpy as np
 import pandas as pd
@@ -46,3 +46,13 @@ def test_a_table_refuses_what_it_cannot_show():
         sc.table(frame, "A.", formats={"b": "{:.1f}"})
     with pytest.raises(TypeError, match="frame"):
         sc.table([1, 2], "A.")
+
+
+def test_small_values_read_without_e_notation():
+    assert sc.times_ten(6.9e-18, sep="") == "6.9×10⁻¹⁸"
+    assert sc.times_ten(-1.234e-5) == "−1.2 × 10⁻⁵"
+    assert sc.times_ten(3.4e-9, 1) == "3 × 10⁻⁹"
+    assert sc.times_ten(0.0) == "0"
+    assert sc.power_of_ten(-15) == "10⁻¹⁵"
+    # the control: Python's own formatting of the same value is the e-notation this replaces
+    assert "e" in f"{6.9e-18:.1e}" and "e" not in sc.times_ten(6.9e-18)
