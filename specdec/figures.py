@@ -128,20 +128,27 @@ STEP_STYLE = {  # the colours of Leviathan et al.'s illustration, and a hatch fo
 }
 
 
+def _token_box(ax, col, row, token, kind, height):
+    """One token as a box styled by its kind (STEP_STYLE), the token written on white inside."""
+    from matplotlib.patches import Rectangle
+
+    style = STEP_STYLE[kind]
+    ax.add_patch(Rectangle((col + 0.05, row - height / 2), 0.9, height, edgecolor="black", **style))
+    ax.text(
+        col + 0.5, row, show_token(token), ha="center", va="center", fontsize=15,
+        color="grey" if kind == "not tested" else "black",
+        bbox={"boxstyle": "round,pad=0.15", "facecolor": "white", "linewidth": 0},
+    )  # fmt: skip
+
+
 def plot_step_trace(steps):
     """Each step of a run as a row of boxes: accepted, rejected, resampled, bonus, not tested."""
-    from matplotlib.patches import Patch, Rectangle
+    from matplotlib.patches import Patch
 
     fig, ax = new_figure(figsize=(6.4, 0.65 * len(steps) + 1.9))
     for row, step in enumerate(steps):
         for col, (token, kind) in enumerate(step.boxes):
-            style = STEP_STYLE[kind]
-            ax.add_patch(Rectangle((col + 0.05, row - 0.4), 0.9, 0.8, edgecolor="black", **style))
-            ax.text(
-                col + 0.5, row, show_token(token), ha="center", va="center", fontsize=15,
-                color="grey" if kind == "not tested" else "black",
-                bbox={"boxstyle": "round,pad=0.15", "facecolor": "white", "linewidth": 0},
-            )  # fmt: skip
+            _token_box(ax, col, row, token, kind, height=0.8)
     width = max(len(step.boxes) for step in steps)
     ax.set(xlim=(0, width), ylim=(len(steps) - 0.5, -0.5))
     ax.set_xticks([])
@@ -159,7 +166,6 @@ def plot_loop(step=None):
     """One speculative step as the loop it runs: q drafts γ tokens, p checks them in one call,
     the kept drafts and one token from p come out, and the next step starts after them. The
     default step is the second of chapter 2's traced run (two drafts kept, the third rejected)."""
-    from matplotlib.patches import Rectangle
 
     if step is None:
         step = trace_run(2, 4, 0.3, BOS, np.random.default_rng(SEEDS["trace"]))[1]
@@ -170,13 +176,7 @@ def plot_loop(step=None):
     fig, ax = new_figure(figsize=(4.8, 3.5))  # narrow: it reads at a phone's width
 
     def box(col, row, token, kind, note=""):
-        style = STEP_STYLE[kind]
-        ax.add_patch(Rectangle((col + 0.05, row - 0.38), 0.9, 0.76, edgecolor="black", **style))
-        ax.text(
-            col + 0.5, row, show_token(token), ha="center", va="center", fontsize=15,
-            color="grey" if kind == "not tested" else "black",
-            bbox={"boxstyle": "round,pad=0.15", "facecolor": "white", "linewidth": 0},
-        )  # fmt: skip
+        _token_box(ax, col, row, token, kind, height=0.76)
         if note:
             ax.text(col + 0.5, row + 0.58, note, ha="center", va="center", fontsize=12)
 
