@@ -69,7 +69,7 @@ from specdec.lossy import *
 from specdec.article import *
 from specdec.experiments import *
 from specdec.pair import ACCEPTED, BONUS, PLAIN, RESIDUAL, Pair, Run, load_pair
-from specdec.exactness import GenerationTest, generation_test
+from specdec.exactness import P_VALUE_SLACK, GenerationTest, generation_test, reproduces
 from specdec.figures import *
 
 

@@ -46,6 +46,7 @@ from .transformer import (
     BLAS_THREADS,
     TinyTransformer,
     one_blas_thread,
+    quick_law,
     softmax_law,
 )
 from .verify import _sample_rows, _verify, verify
@@ -81,7 +82,7 @@ class CountModel:
 
     def rollback(self, lengths):
         """Forget every position at or past lengths (B,)."""
-        self.lengths = np.broadcast_to(np.asarray(lengths, dtype=np.int64), self.lengths.shape)
+        self.lengths = np.full(self.lengths.shape, lengths, np.int64)
 
     def select(self, rows):
         """Keep only the sequences where rows (B,) is True."""
@@ -279,7 +280,7 @@ def _plain(target, prompt, n_tokens, rng, temperature):
     batch = len(prompt)
     tokens, last = np.zeros((batch, n_tokens), dtype=np.int64), prompt[:, -1:]
     for i in range(n_tokens):
-        tokens[:, i] = _sample(softmax_law(target.forward(last)[:, 0], temperature), rng)
+        tokens[:, i] = _sample_rows(quick_law(target.forward(last)[:, 0], temperature), rng)
         last = tokens[:, i : i + 1]
     accepted = np.zeros((n_tokens, batch), dtype=np.int64)
     return Run(tokens, np.full((batch, n_tokens), PLAIN, np.int8), accepted, None, None, n_tokens)
@@ -301,7 +302,7 @@ def _speculative(
         f, rows = filled[live], live[:, None]
         drafts, q = _draft(draft, seq[live], f, gamma, rng, temperature, target.config.n_outputs)
         ids = np.concatenate([seq[live, f - 1][:, None], drafts], axis=1)  # (b, γ + 1)
-        p = softmax_law(target.forward(ids), temperature)  # (b, γ + 1, V): one call
+        p = quick_law(target.forward(ids), temperature)  # (b, γ + 1, V): one call
         accepted, emitted = check(p, q, drafts, rng)
         target.rollback(f + accepted)  # keep the last token and the kept drafts
         if gamma:  # the draft was fed the last token and γ − 1 drafts: keep those kept
@@ -350,17 +351,9 @@ def _draft(draft, seq, filled, gamma, rng, temperature, vocab):
     for i in range(gamma):
         if i:
             logits = draft.forward(tokens[:, i - 1 : i])[:, 0]
-        laws[:, i] = softmax_law(logits, temperature)
-        tokens[:, i] = _sample(laws[:, i], rng)
+        laws[:, i] = quick_law(logits, temperature)
+        tokens[:, i] = _sample_rows(laws[:, i], rng)
     return tokens, laws
-
-
-def _sample(laws, rng):
-    """One draw from each row of laws (B, V), refusing a row that is not finite with mass: an
-    all-NaN row would otherwise give token 0."""
-    if not np.isfinite(laws).all() or not (laws.sum(axis=1) > 0).all():
-        raise ValueError("a model's law holds NaN or inf, or has no mass: nothing to sample")
-    return _sample_rows(laws, rng)
 
 
 def plain(model, prompt_ids, n_tokens, rng, temperature=1.0):

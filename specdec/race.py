@@ -147,7 +147,7 @@ class Replay:
         """Forget every cached position at or past lengths (B,)."""
         if not self.replaying:
             self.model.rollback(lengths)
-        self.lengths = np.broadcast_to(np.asarray(lengths), self.lengths.shape).astype(np.int64)
+        self.lengths = np.full(self.lengths.shape, lengths, np.int64)
 
     def select(self, rows):
         """Keep only the sequences where rows (B,) is True."""

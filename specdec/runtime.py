@@ -13,6 +13,7 @@ row's length and the later new positions; it returns the logits (B, n, V) and th
 keys and values (L, B, n, d), which `forward` writes into the cache.
 """
 
+import functools
 import math
 
 import numpy as np
@@ -146,6 +147,14 @@ def _session(model):
     )
 
 
+@functools.cache  # a few n per run; read-only, shared between calls
+def _causal(n):
+    """(n, n) float32: 0 where new position j ≤ i may be seen from new position i, else −inf."""
+    mask = np.where(np.tri(n, dtype=bool), np.float32(0), np.float32(-np.inf))
+    mask.flags.writeable = False
+    return mask
+
+
 class RuntimeTransformer(TinyTransformer):
     """`TinyTransformer` whose forward pass runs in ONNX Runtime: the same weights, cache,
     rollback and selection (inherited), and logits within 2.5e-5 of numpy's (both float32;
@@ -174,13 +183,10 @@ class RuntimeTransformer(TinyTransformer):
         batch, n = ids.shape
         span = self.keys.shape[2]
         pos = self.lengths[:, None] + np.arange(n)  # (B, n) absolute positions
-        cached = np.arange(span) < self.lengths[:, None, None]  # (B, 1, S): the cache's prefix
-        causal = np.arange(n) <= np.arange(n)[:, None]  # (n, n): new positions see earlier ones
-        visible = np.concatenate(
-            [np.broadcast_to(cached, (batch, n, span)), np.broadcast_to(causal, (batch, n, n))],
-            axis=2,
-        )
-        mask = np.where(visible, np.float32(0), np.float32(-np.inf))[:, None]  # (B, 1, n, S + n)
+        mask = np.empty((batch, 1, n, span + n), np.float32)  # (B, 1, n, S + n), added to scores
+        hidden = np.arange(span) >= self.lengths[:, None]  # (B, S): cache slots past each length
+        mask[..., :span] = np.where(hidden, np.float32(-np.inf), np.float32(0))[:, None, None]
+        mask[..., span:] = _causal(n)  # a new position sees itself and the earlier new ones
         feed = {
             "ids": ids.astype(np.int64),
             "pos": pos,

@@ -171,6 +171,24 @@ def softmax_law(logits, temperature=1.0):
     return _softmax(scaled)
 
 
+def quick_law(logits, temperature):
+    """softmax_law(logits, temperature), bit for bit, from about half the numpy calls: for a
+    loop that checked its temperature once. Where a row's largest scaled logit is not finite
+    (NaN, +inf, an all −inf row, or logits / T overflowing), softmax_law itself answers, with
+    its error or its limit as T → 0."""
+    x = np.asarray(logits, dtype=np.float64)
+    if not x.size:
+        return softmax_law(logits, temperature)
+    if temperature != 1:
+        with np.errstate(over="ignore"):
+            x = x / float(temperature)
+    top = x.max(axis=-1, keepdims=True)
+    if not np.isfinite(top).all():
+        return softmax_law(logits, temperature)
+    e = np.exp(x - top)  # the same operations as _softmax, on the same x
+    return e / e.sum(axis=-1, keepdims=True)
+
+
 def _init_weights(config):
     """Seeded random weights: normal(0, 1/√fan_in) matrices, unit gains, zero biases."""
     rng = np.random.default_rng(config.seed)
@@ -233,12 +251,13 @@ class TinyTransformer:
 
     def rollback(self, lengths):
         """Forget every cached position at or past lengths (B,): the cache keeps the prefix."""
-        lengths = np.broadcast_to(np.asarray(lengths), self.lengths.shape)
+        lengths = np.asarray(lengths)
         if not np.issubdtype(lengths.dtype, np.integer):
             raise TypeError(f"lengths must be integers, got dtype {lengths.dtype}")
-        if np.any(lengths < 0) or np.any(lengths > self.lengths):
+        lengths = np.full(self.lengths.shape, lengths, np.int64)  # a scalar for every sequence
+        if (lengths < 0).any() or (lengths > self.lengths).any():
             raise ValueError(f"lengths must lie in [0, cached length], got {lengths}")
-        self.lengths = lengths.astype(np.int64)  # stale entries are masked, then overwritten
+        self.lengths = lengths  # stale entries are masked, then overwritten
 
     def select(self, rows):
         """Keep only the sequences where rows (B,) is True, with their caches."""

@@ -5,6 +5,7 @@ read from memory once; rows are summed in float64 or wider; long rows draw their
 chunk at a time.
 """
 
+import functools
 import itertools
 import math
 
@@ -24,8 +25,9 @@ def _accepted_count(accept_x, u):
 
 def _test_uniforms(rng, batch, gamma, rule):
     """The uniforms of the gamma ratio tests, (B, gamma): one per test, or one shared by all."""
-    u = rng.random((batch, 1) if rule.shared_uniform else (batch, gamma))
-    return np.broadcast_to(u, (batch, gamma))
+    if not rule.shared_uniform:
+        return rng.random((batch, gamma))
+    return np.broadcast_to(rng.random((batch, 1)), (batch, gamma))
 
 
 def _at_least_float64(dtype):
@@ -59,7 +61,7 @@ def _sample_rows(weights, rng):
     """One inverse-CDF draw from each row of non-negative weights (N, V) with a positive sum."""
     cumulative = weights.cumsum(axis=1)
     scaled = _below(rng.random(len(weights)), cumulative[:, -1])
-    return np.count_nonzero(cumulative <= scaled[:, None], axis=1)  # first sum above u·total
+    return (cumulative <= scaled[:, None]).sum(axis=1)  # first sum above u·total
 
 
 def _cumsum_columns(columns):
@@ -73,14 +75,12 @@ def _cumsum_columns(columns):
 
 def _column_draw(weights, p_n, from_p, u):
     """Inverse-CDF draws (b,) from rows of weights (b, V), or of p_n where from_p or no mass."""
-    columns = np.array(weights.T, order="C")  # (V, b), a copy
-    bonus = np.flatnonzero(from_p)
-    columns[:, bonus] = p_n[bonus].T
+    columns = np.where(from_p, p_n.T, weights.T)  # (V, b), a new C-ordered array
     cumulative = _cumsum_columns(columns)  # sums in index order, as cumsum along a row
     empty = cumulative[-1] <= 0
     if empty.any():
         cumulative[:, empty] = _cumsum_columns(np.array(p_n[empty].T, order="C"))
-    return np.count_nonzero(cumulative <= _below(u, cumulative[-1]), axis=0)  # first sum above
+    return (cumulative <= _below(u, cumulative[-1])).sum(axis=0)  # first sum above
 
 
 def _chunked_draw(weights, p_n, from_p, u):
@@ -233,9 +233,13 @@ def _rows_at(probs, positions):
     return np.take(flat, index, axis=0, mode="clip")  # never clips; skips "raise"'s slow path
 
 
+@functools.lru_cache(maxsize=64)  # a loop asks for the same few shapes at every step
 def _cell_offsets(batch, gamma, length, vocab):
-    """Flat index of probs[b, i, 0] in a C-contiguous (batch, length, vocab) array, (B, gamma)."""
-    return (np.arange(batch)[:, None] * length + np.arange(gamma)) * vocab
+    """Flat index of probs[b, i, 0] in a C-contiguous (batch, length, vocab) array, (B, gamma),
+    read-only (it is shared between calls)."""
+    offsets = (np.arange(batch)[:, None] * length + np.arange(gamma)) * vocab
+    offsets.flags.writeable = False
+    return offsets
 
 
 def _entries(probs, draft_tokens, offsets):
@@ -249,7 +253,7 @@ def _entries(probs, draft_tokens, offsets):
 def _verify(target_probs, draft_probs, draft_tokens, rng, rule, check_rows=False):
     """verify() for any Rule, a cache-sized block at a time; check_rows: each block's rows first."""
     batch, gamma = draft_tokens.shape
-    state = rng.bit_generator.state  # a refused batch draws nothing: restored on an error
+    state = rng.bit_generator.state if check_rows else None  # restored if a block is refused
     u_tests = _test_uniforms(rng, batch, gamma, rule)  # (B, gamma)
     u_final = rng.random(batch)  # (B,)
     accepted, final = np.empty(batch, dtype=np.int64), np.empty(batch, dtype=np.int64)
