@@ -61,7 +61,7 @@ MODELS = {
 # Chapter 9's bandwidth-bound target: 4 × 512, 12.7M parameters (50.6 MB in float32), past the
 # machine's 32 MiB L3. Measured before choosing its steps: 3.8 s a step on this 2-core machine
 # with another build running, so a 1,200-step schedule fits a 90-minute budget on a quiet
-# machine (scripts/train_large.py ships its first 600 steps; see there). Its peak learning rate
+# machine (scripts/train_large.py runs all of it; see there). Its peak learning rate
 # is lower than the small models' (wider matrices take smaller Adam steps).
 LARGE = {
     "target-large": Spec(
