@@ -261,8 +261,8 @@ def sampled_alpha(pair, drafts, prompts, n_tokens, seed):
 
 
 def untimed_tokens_per_call(pair, settings, prompts, n_tokens, seed):
-    """{(draft, γ): tokens a target call emitted, over untimed runs from prompts (B, T) apart
-    from the race's}: what Equation 1 predicts from α when acceptance is i.i.d."""
+    """{(draft, γ): tokens a target call emitted}, over untimed runs from prompts (B, T) that
+    are not the race's: what Equation 1 predicts from α when acceptance is i.i.d."""
     out = {}
     for k, (draft, gamma) in enumerate(settings):
         run = pair.run(prompts, n_tokens, gamma, np.random.default_rng([seed, k]), draft)
@@ -581,6 +581,7 @@ def predict_and_race(
     untimed = untimed_tokens_per_call(pair, settings, np.stack(starts), n_tokens, seed + 2)
     rows = race(pair, settings, prompts, n_tokens, repeats, seed)
     table, verdict = summarise(rows)
+    calls = rows.groupby(["draft", "gamma"], sort=False).calls.agg(["sum", "size"])
     extra = []
     for draft, gamma in zip(table.draft, table.gamma):
         a = alpha[draft][0]
@@ -596,6 +597,10 @@ def predict_and_race(
                     costs, o_plain, overhead[draft, gamma], a, draft, gamma, n_tokens
                 ),
                 "tokens, untimed": untimed[draft, gamma],
+                # after the fact, not used by the prediction: what the race's own runs emitted
+                "tokens, raced": n_tokens
+                * calls.loc[(draft, gamma), "size"]
+                / calls.loc[(draft, gamma), "sum"],
                 "predicted, untimed tokens": predict(
                     costs,
                     o_plain,
