@@ -198,3 +198,30 @@ def test_predict_and_race_fills_its_table_without_using_the_race(twin):
     assert "measured speedup" in race.verdict_line(result)
     with pytest.raises(ValueError, match="too short"):
         race.prompts_from(twin, 10**6, 16)
+
+
+def test_a_steps_draft_calls_replace_gamma_c_in_the_prediction_where_measured():
+    """Costs.drafting is the in-step time where measured, γ·c elsewhere; predict charges it, and
+    tokens measured apart from the race replace Equation 1's E."""
+    base = race.Costs({1: 1.0, 5: 1.0}, {"d": 0.1}, {"target": 0.0, "d": 0.0})
+    cold = base._replace(in_step={("d", 4): 0.8})  # the draft's calls after a target call
+    assert base.drafting("d", 4) == pytest.approx(0.4) and cold.drafting("d", 4) == 0.8
+    assert cold.drafting("d", 3) == pytest.approx(0.3)  # not measured at γ = 3: γ·c
+    warm = race.predict(base, 0.0, 0.0, 0.7, "d", 4, 100)
+    assert race.predict(cold, 0.0, 0.0, 0.7, "d", 4, 100) < warm  # the control: it is charged
+    e = float(sc.expected_tokens(0.7, 4))
+    assert race.predict(base, 0.0, 0.0, 0.7, "d", 4, 100, tokens=e) == pytest.approx(warm)
+    assert race.predict(base, 0.0, 0.0, 0.7, "d", 4, 100, tokens=e - 0.5) < warm
+
+
+def test_untimed_tokens_per_call_follow_the_drafts_alpha(pair):
+    """Tokens per call of untimed runs lie in [1, γ + 1] and rise with the draft's α (unigram
+    0.24, bigram 0.44, draft1-2000 0.72 against the small target). 16 rows of 32 tokens: over
+    seeds 0 to 2 each value moved by at most 0.16 (bigram, 1.60 to 1.76), and the gaps between
+    the three were 0.3 and more."""
+    prompts = np.stack(race.prompts_from(pair, 16, 16, offset=60_000, spacing=1_500))
+    settings = [("unigram", 4), ("bigram", 4), ("draft1-2000", 4)]
+    got = race.untimed_tokens_per_call(pair, settings, prompts, 32, seed=0)
+    values = [got[s] for s in settings]
+    assert all(1 <= v <= 5 for v in values)
+    assert values == sorted(values) and values[2] - values[0] > 1  # the control: α orders them
