@@ -25,7 +25,7 @@ from typing import NamedTuple
 import numpy as np
 import pandas as pd
 
-from .checks import _check_count
+from .checks import _check_count, _check_positive_count
 from .runtime import RuntimeTransformer
 from .theory import expected_tokens, walltime_speedup
 from .transformer import TinyTransformer, one_blas_thread, softmax_law
@@ -261,13 +261,14 @@ def sampled_alpha(pair, drafts, prompts, n_tokens, seed):
 
 
 def untimed_tokens_per_call(pair, settings, prompts, n_tokens, seed):
-    """{(draft, γ): tokens a target call emitted}, over untimed runs from prompts (B, T) that
-    are not the race's: what Equation 1 predicts from α when acceptance is i.i.d."""
+    """{(draft, γ): tokens kept per target call (n_tokens per row over the row-calls, as the
+    race counts them)}, over untimed runs from prompts (B, T) that are not the race's: what
+    Equation 1 predicts from α when acceptance is i.i.d., less a run's last step's surplus."""
     out = {}
     for k, (draft, gamma) in enumerate(settings):
         run = pair.run(prompts, n_tokens, gamma, np.random.default_rng([seed, k]), draft)
-        kept = run.accepted[run.accepted >= 0]  # one entry per row and call
-        out[draft, gamma] = float((kept + 1).mean())
+        row_calls = int((run.accepted >= 0).sum())  # one per row and call
+        out[draft, gamma] = n_tokens * len(prompts) / row_calls  # tokens kept, as the race's
     return out
 
 
@@ -570,6 +571,8 @@ def predict_and_race(
     """Measure the costs, the loop's overhead and α apart from the race, predict every
     (draft, γ), then race them on n_prompts held-out prompts (disjoint from α's)."""
     start = time.perf_counter()
+    for gamma in gammas:
+        _check_positive_count(gamma, "gamma", pair.context, "positions the models know")
     settings = [(d, g) for d in drafts for g in gammas]
     prompts = prompts_from(pair, n_prompts, prompt_length, offset=1_000)
     contexts = [prompt_length + n_tokens * k // 4 for k in (1, 2, 3)]

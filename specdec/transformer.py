@@ -165,7 +165,9 @@ def softmax_law(logits, temperature=1.0):
         raise ValueError("a row of logits is all −inf: no token has positive probability")
     with np.errstate(over="ignore"):
         scaled = logits / float(temperature)
-    if np.isposinf(scaled).any():  # overflow: softmax is shift-invariant, so shift first
+    # overflow to +inf, or a row whose every scaled logit is −inf (all negative at a tiny T):
+    # softmax is shift-invariant, so shift first
+    if np.isposinf(scaled).any() or np.isneginf(scaled.max(axis=-1)).any():
         with np.errstate(over="ignore"):
             scaled = (logits - top) / float(temperature)  # 0 at the argmax, else −large or −inf
     return _softmax(scaled)

@@ -75,7 +75,9 @@ def _cumsum_columns(columns):
 
 def _column_draw(weights, p_n, from_p, u):
     """Inverse-CDF draws (b,) from rows of weights (b, V), or of p_n where from_p or no mass."""
-    columns = np.where(from_p, p_n.T, weights.T)  # (V, b), a new C-ordered array
+    columns = np.empty(weights.shape[::-1], np.result_type(weights, p_n))  # (V, b), C-ordered
+    np.copyto(columns, weights.T)
+    np.copyto(columns, p_n.T, where=from_p)  # a bonus row draws from p
     cumulative = _cumsum_columns(columns)  # sums in index order, as cumsum along a row
     empty = cumulative[-1] <= 0
     if empty.any():

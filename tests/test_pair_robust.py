@@ -500,6 +500,9 @@ def test_the_loops_quick_law_is_softmax_law_bit_for_bit_with_its_errors():
     logits[0, 0, :3] = -np.inf  # tokens of probability 0
     for t in (1, 1.0, 0.7, 2.5, 1e-310):  # the last overflows logits / T: the limit
         assert np.array_equal(tm.quick_law(logits, t), tm.softmax_law(logits, t))
+    neg = np.array([[-3.0, -4.0, -5.0]])  # at T = 1e-308 every logit / T is −inf: the limit
+    assert tm.softmax_law(neg, 1e-308).tolist() == [[1.0, 0.0, 0.0]]
+    assert np.array_equal(tm.quick_law(neg, 1e-308), tm.softmax_law(neg, 1e-308))
     # the control: the same law computed as exp((x − max) / T) differs in its last bits
     x = logits.astype(np.float64)
     other = np.exp((x - x.max(-1, keepdims=True)) / 0.7)
