@@ -19,6 +19,7 @@ the other half.
 """
 
 import copy
+import functools
 import time
 from typing import NamedTuple
 
@@ -64,9 +65,7 @@ class Costs(NamedTuple):
 
     def drafting(self, name, gamma):
         """Seconds of a step's γ draft calls: as a step makes them where measured, else γ·c."""
-        if self.in_step is None or (name, gamma) not in self.in_step:
-            return gamma * self.draft[name]
-        return self.in_step[name, gamma]
+        return (self.in_step or {}).get((name, gamma), gamma * self.draft[name])
 
 
 def _position_costs(model, ids, start, positions, repeats):
@@ -133,7 +132,7 @@ def call_costs(pair, drafts, max_positions, contexts, prompt_length, repeats=15,
                 times.append(_seconds(model.prefill, ids[None, : prompt_length - 1]))
             prefill[name] = float(np.median(times))
     target = {n: float(np.mean([t[n] for t in target])) for n in positions}
-    return Costs(target, draft, prefill, in_step or None)
+    return Costs(target, draft, prefill, in_step)
 
 
 # ---- 2. The loop's own time: model calls replaced by lookups -------------------------------
@@ -588,6 +587,9 @@ def predict_and_race(
     extra = []
     for draft, gamma in zip(table.draft, table.gamma):
         a = alpha[draft][0]
+        forecast = functools.partial(  # this setting's prediction; tokens per call if given
+            predict, costs, o_plain, overhead[draft, gamma], a, draft, gamma, n_tokens
+        )
         extra.append(
             {
                 "α": a,
@@ -596,24 +598,13 @@ def predict_and_race(
                 "c in a step": costs.drafting(draft, gamma) / (gamma * costs.t1),
                 "v(γ)": costs.v(gamma),
                 "o": overhead[draft, gamma] / costs.t1,
-                "predicted": predict(
-                    costs, o_plain, overhead[draft, gamma], a, draft, gamma, n_tokens
-                ),
+                "predicted": forecast(),
                 "tokens, untimed": untimed[draft, gamma],
                 # after the fact, not used by the prediction: what the race's own runs emitted
                 "tokens, raced": n_tokens
                 * calls.loc[(draft, gamma), "size"]
                 / calls.loc[(draft, gamma), "sum"],
-                "predicted, untimed tokens": predict(
-                    costs,
-                    o_plain,
-                    overhead[draft, gamma],
-                    a,
-                    draft,
-                    gamma,
-                    n_tokens,
-                    untimed[draft, gamma],
-                ),
+                "predicted, untimed tokens": forecast(untimed[draft, gamma]),
                 "Theorem 3.8": walltime_speedup(a, gamma, costs.c(draft)),
             }
         )

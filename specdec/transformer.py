@@ -141,9 +141,9 @@ def _dense(x, w):
     return (x.reshape(-1, x.shape[-1]) @ w).reshape(*x.shape[:-1], w.shape[1])
 
 
-def _softmax(x):
-    """exp(x − max) normalised over the last axis."""
-    e = np.exp(x - x.max(axis=-1, keepdims=True))
+def _softmax(x, top=None):
+    """exp(x − max) normalised over the last axis; top, if given, is that max (keepdims)."""
+    e = np.exp(x - (x.max(axis=-1, keepdims=True) if top is None else top))
     return e / e.sum(axis=-1, keepdims=True)
 
 
@@ -187,8 +187,7 @@ def quick_law(logits, temperature):
     top = x.max(axis=-1, keepdims=True)
     if not np.isfinite(top).all():
         return softmax_law(logits, temperature)
-    e = np.exp(x - top)  # the same operations as _softmax, on the same x
-    return e / e.sum(axis=-1, keepdims=True)
+    return _softmax(x, top)  # softmax_law's own last step, on the same x
 
 
 def _init_weights(config):
