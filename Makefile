@@ -75,7 +75,7 @@ site: $(BIN)/.installed $(NOTEBOOKS) _build/.core-stamp
 test: site $(BIN)/.test-installed
 	$(BIN)/ruff check $(PY_SOURCES)
 	$(BIN)/ruff format --check $(PY_SOURCES)
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n 2 --dist worksteal  # two workers: the longest test beside the rest
 
 ## make figures: every figure of the book as PNG and SVG in figures/, without the site
 figures: $(BIN)/.installed

@@ -3,8 +3,10 @@ site): offered on every chapter page, free of the site's roles and directives, a
 the archive in a fresh venv outside the repository."""
 
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import zipfile
 from pathlib import Path
 
@@ -118,6 +120,7 @@ def test_the_archive_holds_notebooks_core_and_requirements():
 
 
 RUN = """
+import os
 import sys
 from pathlib import Path
 import nbformat
@@ -129,13 +132,40 @@ except ImportError:
     pass
 import specdec_core
 assert Path(specdec_core.__file__).parent == Path.cwd(), specdec_core.__file__
+from traitlets.config import Config
 notebook = nbformat.read(sys.argv[1], as_version=4)
-# eight kernels start at once on two cores: a kernel may take over nbclient's default 60 s to answer
-NotebookClient(notebook, timeout=300, startup_timeout=300, kernel_name="python3").execute()
+# Every notebook's kernel starts at once, each from its own process. Over TCP each manager picks free ports
+# and frees them for its kernel to bind, so two of them can pick the same port and a kernel dies
+# at start-up (jupyter_client issue 487). Unix sockets named for the notebook cannot clash (left
+# to itself, every manager would name them kernel-ipc-1 to -5 in the same folder). On two cores
+# a kernel may take over nbclient's default 60 s to answer.
+config = Config()
+config.KernelManager.transport = "ipc"
+config.KernelManager.ip = str(Path(os.environ["JUPYTER_RUNTIME_DIR"]) / Path(sys.argv[1]).stem)
+client = NotebookClient(
+    notebook, timeout=300, startup_timeout=300, kernel_name="python3", config=config
+)
+client.execute()
 errors = [o for c in notebook.cells for o in c.get("outputs", []) if o.output_type == "error"]
 assert not errors, errors
 print("ran", sys.argv[1])
 """
+
+
+def cause(stderr):
+    """What a failed run printed that says why: nbclient's and the kernel's error lines (a kernel
+    that died at start-up is logged once, then hidden by a second error in nbclient's clean-up),
+    and the last 2,000 characters."""
+    errors = [line for line in stderr.splitlines() if re.search(r"Error|error|died", line)]
+    return "\n".join(errors[:20]) + "\n ... \n" + stderr[-2000:]
+
+
+def test_the_cause_of_a_failed_run_is_kept():
+    warning = "[IPKernelApp] WARNING | Kernel is running over TCP without encryption.\n"
+    logged = "[NbClientApp] ERROR | Error occurred while starting new kernel client: died\n"
+    stderr = warning + "x" * 3000 + "\n" + logged + "x" * 5000 + "\nAssertionError: \n"
+    assert "starting new kernel client" in cause(stderr) and "AssertionError" in cause(stderr)
+    assert "without encryption" not in cause(stderr)  # the control: noise is dropped
 
 
 def test_the_archive_runs_in_a_fresh_venv_outside_the_repository(tmp_path):
@@ -160,7 +190,10 @@ def test_the_archive_runs_in_a_fresh_venv_outside_the_repository(tmp_path):
          "--no-compile", "--disable-pip-version-check", "-r", "requirements.txt", nbclient],
         cwd=folder, check=True, timeout=420,
     )  # fmt: skip
-    env = {"PATH": f"{venv / 'bin'}:/usr/bin:/bin", "HOME": str(tmp_path), "MPLBACKEND": "Agg"}
+    # A Unix socket's path holds at most 107 bytes, and tmp_path's runtime folder is longer.
+    runtime = tempfile.mkdtemp(prefix="kernels-", dir="/tmp")
+    env = {"PATH": f"{venv / 'bin'}:/usr/bin:/bin", "HOME": str(tmp_path), "MPLBACKEND": "Agg",
+           "JUPYTER_RUNTIME_DIR": runtime}  # fmt: skip
     notebooks = sorted(folder.glob("*.ipynb"))
     assert [n.name for n in notebooks] == sorted(f"{c.stem}.ipynb" for c in CHAPTERS)
     runs = [
@@ -175,8 +208,11 @@ def test_the_archive_runs_in_a_fresh_venv_outside_the_repository(tmp_path):
         for n in notebooks
     ]
     failed = {}
-    for notebook, run in zip(notebooks, runs):
-        out, err = run.communicate(timeout=420)
-        if run.returncode != 0:
-            failed[notebook.name] = err[:2000] + " ... " + err[-2000:]  # the cause, and the end
+    try:
+        for notebook, run in zip(notebooks, runs):
+            out, err = run.communicate(timeout=420)
+            if run.returncode != 0:
+                failed[notebook.name] = cause(err)
+    finally:
+        shutil.rmtree(runtime, ignore_errors=True)
     assert not failed, failed
