@@ -134,11 +134,11 @@ import specdec_core
 assert Path(specdec_core.__file__).parent == Path.cwd(), specdec_core.__file__
 from traitlets.config import Config
 notebook = nbformat.read(sys.argv[1], as_version=4)
-# Every notebook's kernel starts at once, each from its own process. Over TCP each manager picks free ports
-# and frees them for its kernel to bind, so two of them can pick the same port and a kernel dies
-# at start-up (jupyter_client issue 487). Unix sockets named for the notebook cannot clash (left
-# to itself, every manager would name them kernel-ipc-1 to -5 in the same folder). On two cores
-# a kernel may take over nbclient's default 60 s to answer.
+# Every notebook's kernel starts at once, each from its own process. Over TCP each manager
+# picks free ports and frees them for its kernel to bind, so two of them can pick the same port
+# and a kernel dies at start-up (jupyter_client issue 487). Unix sockets named for the notebook
+# cannot clash (left to itself, every manager would name them kernel-ipc-1 to -5 in the same
+# folder). On two cores a kernel may take over nbclient's default 60 s to answer.
 config = Config()
 config.KernelManager.transport = "ipc"
 config.KernelManager.ip = str(Path(os.environ["JUPYTER_RUNTIME_DIR"]) / Path(sys.argv[1]).stem)
