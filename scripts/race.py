@@ -39,6 +39,13 @@ def main():
         print(f"\n{label}: T(1) {result.costs.t1 * 1e3:.2f} ms, {result.seconds:.0f} s")
         columns = ["draft", "gamma", "α", "c", "v(γ)", "o", "predicted", "speedup", "low", "high"]
         print(result.table[columns].round(3).to_string(index=False))
+        ceilings = race.method_ceilings(result, len(pair.vocab), args.tokens)
+        best = ceilings.loc[ceilings.ceiling.idxmax()]
+        print(
+            f"with only the method's own work outside the calls (verify, laws, draws: "
+            f"{ceilings.floor.min():.2f}–{ceilings.floor.max():.2f} T(1) a step), the best "
+            f"predicted: {best.ceiling:.2f} for {best.draft} at γ = {best.gamma} (computed)"
+        )
         lines.append(f"{label}: {race.verdict_line(result)}")
     print(f"\nmake race took {time.perf_counter() - start:.0f} s")
     print(lines[0])

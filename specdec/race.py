@@ -8,7 +8,8 @@ The prediction uses nothing from the race itself:
    the draft's data out of the caches); and the prompt's prefill.
 2. `loop_overhead`: the generation loop run with every model call replaced by a lookup of the
    logits it returned before (`Replay`) gives the time a step spends outside model calls, o,
-   and a plain token's, o_plain.
+   and a plain token's, o_plain. `method_floor` times the part of it no leaner loop removes:
+   `verify`, the target's laws and the draft's draws, at one row.
 3. `sampled_alpha`: α as the mean of β = Σ min(p, q) along the target's own samples (the
    contexts decoding meets), and Equation 1's tokens per call from it.
 
@@ -26,10 +27,12 @@ from typing import NamedTuple
 import numpy as np
 import pandas as pd
 
-from .checks import _check_count, _check_positive_count
+from .checks import _check_count, _check_memory, _check_positive_count, _check_rng
+from .rule import EXACT_RULE
 from .runtime import RuntimeTransformer
 from .theory import expected_tokens, walltime_speedup
-from .transformer import TinyTransformer, one_blas_thread, softmax_law
+from .transformer import TinyTransformer, one_blas_thread, quick_law, softmax_law
+from .verify import _sample_rows, _verify
 
 
 def _seconds(fn, *args):
@@ -232,6 +235,52 @@ def loop_overhead(pair, draft, gamma, prompt, n_tokens, seed, repeats=5):
             _seconds(twin.run, prompt, n_tokens, gamma, np.random.default_rng(seed), draft)
         )
     return float(np.median(times)) / run.calls, run.calls
+
+
+def method_work(vocab, gamma, rng):
+    """(step, token): the per-step work of the method itself at one row, as callables.
+
+    step() does what every step of the loop must, however lean the rest: γ draft tokens' laws
+    and draws, the target's γ + 1 laws, and the book's `verify`, drawing from rng the 2γ + 1
+    uniforms a step of the loop draws; token() is plain decoding's law and draw. Both run on
+    fixed random logits over vocab tokens."""
+    _check_positive_count(gamma, "gamma")
+    _check_positive_count(vocab, "vocab")
+    _check_memory(4 * (2 * gamma + 1) * vocab * 8, "method_work")  # logits, laws and sums
+    _check_rng(rng)
+    draft_logits = rng.normal(size=(gamma, 1, vocab))  # γ draft calls' logits, (1, V) each
+    target_logits = rng.normal(size=(1, gamma + 1, vocab))
+    draft_probs, tokens = np.zeros((1, gamma, vocab)), np.zeros((1, gamma), dtype=np.int64)
+
+    def step():  # as `_draft` and `_speculative` do it, into arrays made once
+        for i, logits in enumerate(draft_logits):
+            draft_probs[:, i] = quick_law(logits, 1.0)
+            tokens[:, i] = _sample_rows(draft_probs[:, i], rng)
+        return _verify(quick_law(target_logits, 1.0), draft_probs, tokens, rng, EXACT_RULE)
+
+    def token():
+        return _sample_rows(quick_law(target_logits[:, 0], 1.0), rng)
+
+    return step, token
+
+
+def method_floor(vocab, gamma, number=500, repeats=7):
+    """(seconds a step, seconds a plain token) of `method_work` at one row: the best of repeats
+    timings of number calls each. What the loop's own time o cannot go below while `verify` and
+    the draws are the book's numpy calls."""
+    _check_positive_count(number, "number")
+    _check_positive_count(repeats, "repeats")
+    with one_blas_thread():
+        return tuple(
+            min(_seconds(_times, work, number) for _ in range(repeats)) / number
+            for work in method_work(vocab, gamma, np.random.default_rng(0))
+        )
+
+
+def _times(work, number):
+    """Call work() number times."""
+    for _ in range(number):
+        work()
 
 
 # ---- 3. α along the target's own samples ----------------------------------------------------
@@ -610,6 +659,28 @@ def predict_and_race(
         )
     table = pd.concat([table, pd.DataFrame(extra)], axis=1)
     return Result(table, verdict, costs, o_plain, alpha, rows, time.perf_counter() - start)
+
+
+def method_ceilings(result, vocab, n_tokens, number=500, repeats=7):
+    """Each setting of result predicted again with the loop's own time o cut to `method_floor`:
+    the most a leaner loop could give, computed, not raced. A DataFrame of draft, gamma, the
+    floor a step and a plain token in units of T(1), and that prediction."""
+    gammas = dict.fromkeys(result.table.gamma)
+    floors = {g: method_floor(vocab, g, number, repeats) for g in gammas}
+    t1, rows = result.costs.t1, []
+    for draft, gamma in zip(result.table.draft, result.table.gamma):
+        step, token = floors[gamma]
+        a = result.alpha[draft][0]
+        rows.append(
+            {
+                "draft": draft,
+                "gamma": gamma,
+                "floor": step / t1,
+                "plain floor": token / t1,
+                "ceiling": predict(result.costs, token, step, a, draft, gamma, n_tokens),
+            }
+        )
+    return pd.DataFrame(rows)
 
 
 def verdict_line(result):

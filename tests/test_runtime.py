@@ -1,5 +1,7 @@
 """Chapter 9's clock: the ONNX Runtime twin equals the numpy reference, and the race's parts."""
 
+import copy
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -225,3 +227,70 @@ def test_untimed_tokens_per_call_follow_the_drafts_alpha(pair):
     values = [got[s] for s in settings]
     assert all(1 <= v <= 5 for v in values)
     assert values == sorted(values) and values[2] - values[0] > 1  # the control: α orders them
+
+
+def uniforms_drawn(work, rng):
+    """How many doubles work() drew from rng (PCG64: one 64-bit output per double)."""
+    before = copy.deepcopy(rng)
+    work()
+    for n in range(1000):
+        if before.bit_generator.state == rng.bit_generator.state:
+            return n
+        before.random()
+    raise AssertionError("work drew more than 1,000 uniforms")
+
+
+@pytest.mark.parametrize("gamma", [1, 2, 4])
+def test_the_method_floor_draws_what_a_step_of_the_loop_draws(pair, gamma):
+    """method_work's step draws 2γ + 1 uniforms, as a step of a one-row run does (γ draft draws,
+    γ ratio tests, one final token), and its plain token one; verify alone is the control."""
+    rng = np.random.default_rng(5)
+    step, token = race.method_work(len(pair.vocab), gamma, rng)
+    assert uniforms_drawn(step, rng) == 2 * gamma + 1 and uniforms_drawn(token, rng) == 1
+    prompt = pair.encode(pair.heldout_text[300:316])
+    run_rng = np.random.default_rng(6)
+    run = pair.run(prompt, 24, gamma, run_rng, "draft1-2000")
+
+    def after(n):  # a fresh generator's state after n uniforms
+        fresh = np.random.default_rng(6)
+        fresh.random(n)
+        return fresh.bit_generator.state
+
+    assert after(run.calls * (2 * gamma + 1)) == run_rng.bit_generator.state
+    assert after(run.calls * (gamma + 1)) != run_rng.bit_generator.state  # the control
+    p, q = (np.full((1, n, len(pair.vocab)), 1 / len(pair.vocab)) for n in (gamma + 1, gamma))
+    tokens = np.zeros((1, gamma), dtype=np.int64)
+    verify_only = lambda: sc.verify(p, q, tokens, rng)  # noqa: E731  the control
+    assert uniforms_drawn(verify_only, rng) == gamma + 1
+
+
+def test_method_work_refuses_bad_sizes_naming_them():
+    rng = np.random.default_rng(0)
+    for args, name in [((0, 2, rng), "vocab"), ((65, 0, rng), "gamma"), ((65, 2.5, rng), "gamma"),
+                       ((65, 2, 7), "rng"), ((10**9, 4, rng), "method_work")]:  # fmt: skip
+        with pytest.raises((ValueError, TypeError), match=name):
+            race.method_work(*args)
+    with pytest.raises(ValueError, match="repeats"):
+        race.method_floor(65, 2, repeats=0)
+
+
+def test_method_ceilings_predict_each_setting_with_its_own_alpha_and_the_floor():
+    """Each row is `predict` with o cut to the floor, at its own draft's α and γ: swapping the
+    drafts' α (the control) changes every row."""
+    costs = race.Costs({1: 1e-3, 3: 1.1e-3, 5: 1.3e-3}, {"a": 1e-4, "b": 2e-4},
+                       {"target": 0.0, "a": 0.0, "b": 0.0})  # fmt: skip
+    table = pd.DataFrame({"draft": ["a", "b"], "gamma": [2, 4]})
+    result = race.Result(table, None, costs, 0.0, {"a": (0.5, 0.0), "b": (0.8, 0.0)}, None, 0.0)
+    got = race.method_ceilings(result, 65, 40, number=20, repeats=2)
+    assert list(got.draft) == ["a", "b"] and list(got.gamma) == [2, 4]
+    assert (got.floor > 0).all() and (got["plain floor"] > 0).all()
+    for row in got.to_dict("records"):
+        step, token = row["floor"] * costs.t1, row["plain floor"] * costs.t1
+        d, g = row["draft"], row["gamma"]
+        alpha, swapped = result.alpha[d][0], {"a": 0.8, "b": 0.5}[d]
+        assert row["ceiling"] == pytest.approx(
+            race.predict(costs, token, step, alpha, d, g, 40), rel=1e-12
+        )
+        assert row["ceiling"] != pytest.approx(
+            race.predict(costs, token, step, swapped, d, g, 40), rel=1e-3
+        )
