@@ -27,7 +27,13 @@ from typing import NamedTuple
 import numpy as np
 import pandas as pd
 
-from .checks import _check_count, _check_memory, _check_positive_count, _check_rng
+from .checks import (
+    MAX_LOOP,
+    _check_count,
+    _check_memory,
+    _check_positive_count,
+    _check_rng,
+)
 from .rule import EXACT_RULE
 from .runtime import RuntimeTransformer
 from .theory import expected_tokens, walltime_speedup
@@ -266,10 +272,10 @@ def method_work(vocab, gamma, rng):
 
 def method_floor(vocab, gamma, number=500, repeats=7):
     """(seconds a step, seconds a plain token) of `method_work` at one row: the best of repeats
-    timings of number calls each. What the loop's own time o cannot go below while `verify` and
-    the draws are the book's numpy calls."""
-    _check_positive_count(number, "number")
-    _check_positive_count(repeats, "repeats")
+    timings of number calls each (a floor, so the fastest; o is a median). What the loop's own
+    time o cannot go below while `verify`, the laws and the draws are the book's numpy calls."""
+    _check_positive_count(number, "number", MAX_LOOP, "calls timed in a Python loop")
+    _check_positive_count(repeats, "repeats", MAX_LOOP, "timings in a Python loop")
     with one_blas_thread():
         return tuple(
             min(_seconds(_times, work, number) for _ in range(repeats)) / number
@@ -665,6 +671,9 @@ def method_ceilings(result, vocab, n_tokens, number=500, repeats=7):
     """Each setting of result predicted again with the loop's own time o cut to `method_floor`:
     the most a leaner loop could give, computed, not raced. A DataFrame of draft, gamma, the
     floor a step and a plain token in units of T(1), and that prediction."""
+    if not isinstance(result, Result):
+        raise TypeError(f"result must be a race.Result, got {type(result).__name__}")
+    _check_positive_count(n_tokens, "n_tokens")
     gammas = dict.fromkeys(result.table.gamma)
     floors = {g: method_floor(vocab, g, number, repeats) for g in gammas}
     t1, rows = result.costs.t1, []

@@ -2,8 +2,9 @@
 site): offered on every chapter page, free of the site's roles and directives, and runnable from
 the archive in a fresh venv outside the repository."""
 
+import os
 import re
-import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -156,7 +157,9 @@ def cause(stderr):
     """What a failed run printed that says why: nbclient's and the kernel's error lines (a kernel
     that died at start-up is logged once, then hidden by a second error in nbclient's clean-up),
     and the last 2,000 characters."""
-    errors = [line for line in stderr.splitlines() if re.search(r"Error|error|died", line)]
+    errors = [
+        line for line in stderr.splitlines() if re.search(r"error|died|traceback", line, re.I)
+    ]
     return "\n".join(errors[:20]) + "\n ... \n" + stderr[-2000:]
 
 
@@ -190,29 +193,33 @@ def test_the_archive_runs_in_a_fresh_venv_outside_the_repository(tmp_path):
          "--no-compile", "--disable-pip-version-check", "-r", "requirements.txt", nbclient],
         cwd=folder, check=True, timeout=420,
     )  # fmt: skip
-    # A Unix socket's path holds at most 107 bytes, and tmp_path's runtime folder is longer.
-    runtime = tempfile.mkdtemp(prefix="kernels-", dir="/tmp")
-    env = {"PATH": f"{venv / 'bin'}:/usr/bin:/bin", "HOME": str(tmp_path), "MPLBACKEND": "Agg",
-           "JUPYTER_RUNTIME_DIR": runtime}  # fmt: skip
     notebooks = sorted(folder.glob("*.ipynb"))
     assert [n.name for n in notebooks] == sorted(f"{c.stem}.ipynb" for c in CHAPTERS)
-    runs = [
-        subprocess.Popen(
-            [str(python), "-c", RUN, n.name],
-            cwd=folder,
-            env=env,
-            text=True,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-        )  # fmt: skip
-        for n in notebooks
-    ]
-    failed = {}
-    try:
-        for notebook, run in zip(notebooks, runs):
-            out, err = run.communicate(timeout=420)
-            if run.returncode != 0:
-                failed[notebook.name] = cause(err)
-    finally:
-        shutil.rmtree(runtime, ignore_errors=True)
+    # A Unix socket's path holds at most 107 bytes, and tmp_path's runtime folder is longer.
+    with tempfile.TemporaryDirectory(prefix="kernels-", dir="/tmp") as runtime:
+        env = {"PATH": f"{venv / 'bin'}:/usr/bin:/bin", "HOME": str(tmp_path),
+               "MPLBACKEND": "Agg", "JUPYTER_RUNTIME_DIR": runtime}  # fmt: skip
+        runs = [
+            subprocess.Popen(
+                [str(python), "-c", RUN, n.name],
+                cwd=folder,
+                env=env,
+                text=True,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+            )
+            for n in notebooks
+        ]
+        failed = {}
+        try:
+            for notebook, run in zip(notebooks, runs):
+                out, err = run.communicate(timeout=420)
+                if run.returncode != 0:
+                    failed[notebook.name] = cause(err)
+        finally:  # after a timeout, end the runs left (their kernels exit with them)
+            for run in runs:
+                if run.poll() is None:
+                    os.killpg(run.pid, signal.SIGKILL)
+                    run.wait()
     assert not failed, failed

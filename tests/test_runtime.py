@@ -270,27 +270,35 @@ def test_method_work_refuses_bad_sizes_naming_them():
                        ((65, 2, 7), "rng"), ((10**9, 4, rng), "method_work")]:  # fmt: skip
         with pytest.raises((ValueError, TypeError), match=name):
             race.method_work(*args)
-    with pytest.raises(ValueError, match="repeats"):
-        race.method_floor(65, 2, repeats=0)
+    for kwargs, name in [({"repeats": 0}, "repeats"), ({"number": 10**7}, "number")]:
+        with pytest.raises(ValueError, match=name):
+            race.method_floor(65, 2, **kwargs)
 
 
-def test_method_ceilings_predict_each_setting_with_its_own_alpha_and_the_floor():
-    """Each row is `predict` with o cut to the floor, at its own draft's α and γ: swapping the
-    drafts' α (the control) changes every row."""
+def test_method_ceilings_predict_each_setting_with_its_own_alpha_and_the_floor(monkeypatch):
+    """Each row is `predict` with o cut to its own γ's floor and o_plain to the plain floor, at
+    its own draft's α: a stub floor (no timing) makes each input visible, and swapping α, the
+    two floors, or one γ's floor for another's (the controls) changes the value."""
+    monkeypatch.setattr(race, "method_floor", lambda vocab, g, number, repeats: (g * 1e-4, 1e-5))
     costs = race.Costs({1: 1e-3, 3: 1.1e-3, 5: 1.3e-3}, {"a": 1e-4, "b": 2e-4},
                        {"target": 0.0, "a": 0.0, "b": 0.0})  # fmt: skip
     table = pd.DataFrame({"draft": ["a", "b"], "gamma": [2, 4]})
     result = race.Result(table, None, costs, 0.0, {"a": (0.5, 0.0), "b": (0.8, 0.0)}, None, 0.0)
-    got = race.method_ceilings(result, 65, 40, number=20, repeats=2)
+    got = race.method_ceilings(result, 65, 40)
     assert list(got.draft) == ["a", "b"] and list(got.gamma) == [2, 4]
-    assert (got.floor > 0).all() and (got["plain floor"] > 0).all()
+    assert list(got.floor) == pytest.approx([0.2, 0.4]) and list(got["plain floor"]) == [0.01] * 2
     for row in got.to_dict("records"):
-        step, token = row["floor"] * costs.t1, row["plain floor"] * costs.t1
         d, g = row["draft"], row["gamma"]
-        alpha, swapped = result.alpha[d][0], {"a": 0.8, "b": 0.5}[d]
-        assert row["ceiling"] == pytest.approx(
-            race.predict(costs, token, step, alpha, d, g, 40), rel=1e-12
-        )
-        assert row["ceiling"] != pytest.approx(
-            race.predict(costs, token, step, swapped, d, g, 40), rel=1e-3
-        )
+        alpha, other_alpha, other_g = result.alpha[d][0], {"a": 0.8, "b": 0.5}[d], 6 - g
+        right = race.predict(costs, 1e-5, g * 1e-4, alpha, d, g, 40)
+        assert row["ceiling"] == pytest.approx(right, rel=1e-12)
+        for wrong in [
+            race.predict(costs, 1e-5, g * 1e-4, other_alpha, d, g, 40),
+            race.predict(costs, g * 1e-4, 1e-5, alpha, d, g, 40),
+            race.predict(costs, 1e-5, other_g * 1e-4, alpha, d, g, 40),
+        ]:
+            assert row["ceiling"] != pytest.approx(wrong, rel=1e-3)
+    with pytest.raises(TypeError, match="result"):
+        race.method_ceilings(table, 65, 40)
+    with pytest.raises(ValueError, match="n_tokens"):
+        race.method_ceilings(result, 65, 0)
