@@ -104,18 +104,20 @@ def test_replay_retraces_the_run_and_a_changed_run_is_caught(twin):
 
 
 def test_predict_is_theorem_3_8_when_calls_are_all_that_costs():
-    """With v = 1, no overhead and no prefill, the prediction is Theorem 3.8 exactly."""
+    """With v = 1, no overhead, no prefill and Equation 1's tokens per call, the prediction is
+    Theorem 3.8 exactly."""
     costs = race.Costs({1: 1.0, 5: 1.0}, {"d": 0.1}, {"target": 0.0, "d": 0.0})
-    got = race.predict(costs, 0.0, 0.0, 0.7, "d", 4, 100)
+    e = sc.expected_tokens(0.7, 4)
+    got = race.predict(costs, 0.0, 0.0, 0.7, "d", 4, 100, tokens=e)
     assert got == pytest.approx(sc.walltime_speedup(0.7, 4, 0.1), rel=1e-12)
     slower = race.Costs({1: 1.0, 5: 1.5}, {"d": 0.1}, {"target": 0.0, "d": 0.0})  # control
-    assert race.predict(slower, 0.0, 0.0, 0.7, "d", 4, 100) < got
+    assert race.predict(slower, 0.0, 0.0, 0.7, "d", 4, 100, tokens=e) < got
 
 
-def test_the_bootstrap_interval_covers_a_known_ratio_and_not_a_wrong_one():
+def test_the_prompt_interval_covers_a_known_ratio_and_not_a_wrong_one():
     """Synthetic runs whose true speedup is 2: plain times ~ 2 s, speculative ~ 1 s, noise 5 %.
-    A 95 % interval from 4 prompts × 6 repeats must cover 2 and exclude 1.8 (about 15 s.e.
-    away: the ratio's s.e. here is about 0.01)."""
+    A 95 % t-interval from 4 prompts × 6 repeats must cover 2 and exclude 1.8 (a prompt's log
+    speedup has s.d. about 0.029, so the interval reaches about ±0.05 around 2)."""
     rng = np.random.default_rng(0)
     rows = pd.DataFrame(
         [
@@ -132,32 +134,9 @@ def test_the_bootstrap_interval_covers_a_known_ratio_and_not_a_wrong_one():
             for r in range(6)
         ]
     )
-    speedup, low, high = race.bootstrap(rows)
+    speedup, low, high = race.prompt_interval(*race._grid(rows))
     assert low < 2 < high and not low < 1.8 < high
     assert low < speedup < high
-
-
-def test_the_verdict_is_chosen_on_even_repeats_and_measured_on_odd_ones():
-    rows = pd.DataFrame(
-        [
-            {
-                "prompt": p,
-                "repeat": r,
-                "draft": d,
-                "gamma": 2,
-                "plain": 2.0,
-                "seconds": (0.9 if r % 2 == 0 else 1.4) if d == "lucky" else 1.0,
-                "calls": 10,
-            }
-            for p in range(3)
-            for r in range(4)
-            for d in ("lucky", "steady")
-        ]
-    )
-    table, verdict = race.summarise(rows, n_boot=200)
-    assert verdict.draft == "lucky"  # best on the even repeats...
-    assert verdict.speedup == pytest.approx(2 / 1.4)  # ...reported on the odd ones only
-    assert set(table.draft) == {"lucky", "steady"}
 
 
 @pytest.fixture(scope="module")
@@ -189,14 +168,17 @@ def test_the_roofline_points_carry_each_call_s_flops_and_bytes(twin):
 
 
 def test_predict_and_race_fills_its_table_without_using_the_race(twin):
-    """A tiny run end to end: each setting has a prediction, a measurement inside its own
-    interval, and the verdict comes from the odd repeats."""
+    """A tiny run end to end: each setting has a prediction with its band, a measurement inside
+    its own interval, and the verdict comes from fresh prompts with a simulated coverage."""
     result = race.predict_and_race(
         twin, ["bigram"], [2], n_tokens=8, n_prompts=2, repeats=2, alpha_rows=4
     )
     (row,) = result.table.itertuples()
-    assert 0 < row.predicted <= 3 and 0 < row.low <= row.speedup <= row.high
+    assert 0 < row.predicted <= 3 and 0 < row.low <= row.high <= row.cap
+    assert row.low <= row.speedup <= row.high or row.speedup > row.cap  # above: costs are off
     assert 0 < row._asdict()["α"] < 1 and result.verdict.draft == "bigram"
+    assert result.table["predicted from"].iloc[0] <= row.predicted
+    assert set(result.fresh.prompt) == {0, 1} and 0 <= result.coverage <= 1
     assert "measured speedup" in race.verdict_line(result)
     with pytest.raises(ValueError, match="too short"):
         race.prompts_from(twin, 10**6, 16)
@@ -211,7 +193,7 @@ def test_a_steps_draft_calls_replace_gamma_c_in_the_prediction_where_measured():
     assert cold.drafting("d", 3) == pytest.approx(0.3)  # not measured at γ = 3: γ·c
     warm = race.predict(base, 0.0, 0.0, 0.7, "d", 4, 100)
     assert race.predict(cold, 0.0, 0.0, 0.7, "d", 4, 100) < warm  # the control: it is charged
-    e = float(sc.expected_tokens(0.7, 4))
+    e = race.finite_tokens_per_call(0.7, 4, 100)  # what the prediction uses without tokens
     assert race.predict(base, 0.0, 0.0, 0.7, "d", 4, 100, tokens=e) == pytest.approx(warm)
     assert race.predict(base, 0.0, 0.0, 0.7, "d", 4, 100, tokens=e - 0.5) < warm
 
