@@ -11,12 +11,15 @@ The prediction uses nothing from the race itself:
    and a plain token's, o_plain. `method_floor` times the part of it no leaner loop removes:
    `verify`, the target's laws and the draft's draws, at one row.
 3. `sampled_alpha`: α as the mean of β = Σ min(p, q) along the target's own samples (the
-   contexts decoding meets), and Equation 1's tokens per call from it.
+   contexts decoding meets), with its standard error.
 
-`predict` combines them; `race` then times plain and speculative decoding interleaved (plain,
-setting, plain, ...), and `summarise` gives each setting's speedup with a bootstrap interval
-over prompts and repeats, and the best setting chosen on half of the repeats and measured on
-the other half.
+`predict` combines them with the expected steps of a run of N tokens under Equation 1's model,
+the last step's overshoot counted (`expected_steps`), and `prediction_band` gives its spread
+from the costs' and α's. `race` then times plain and speculative decoding interleaved (plain,
+setting, plain, ...); `summarise` gives each setting's speedup with a t-interval over prompts
+(`prompt_interval`), cut at the most the costs allow (`speedup_cap`); `confirm` races the best
+setting again on fresh prompts. `coverage` measures how often such an interval covers a known
+speedup, in synthetic races with the noise a real race showed (`variance_components`).
 """
 
 import copy
