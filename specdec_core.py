@@ -37,6 +37,7 @@ name works as `sc.NAME`:
     loading      the trained pair's files, each read after every check       9
     pair         the trained pair: generation, checks, plots                  9
     exactness    `generation_test`, exactness through the real models         9
+    intervals    the race's statistics: finite-N steps, intervals, coverage  9
     race         costs apart, the prediction, the race, the roofline          9
     figures      the book's style, every plot, `FIGURES`                      all
 

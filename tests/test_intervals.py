@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 import specdec_core as sc
-from specdec import race
+from specdec import intervals, race
 
 
 def simulated_steps(alpha, gamma, n_tokens, rows, rng):
@@ -25,23 +25,23 @@ def test_expected_steps_match_a_simulated_iid_chain_and_n_over_e_does_not(alpha,
     leaves out the last step's overshoot, lies 0.1 to 0.5 steps away, over 9 s.e. (the control)."""
     steps = simulated_steps(alpha, gamma, 40, 40_000, np.random.default_rng(3))
     se = steps.std(ddof=1) / np.sqrt(len(steps))
-    exact = race.expected_steps(alpha, gamma, 40)
+    exact = intervals.expected_steps(alpha, gamma, 40)
     assert abs(steps.mean() - exact) < 4 * se
     assert abs(steps.mean() - 40 / sc.expected_tokens(alpha, gamma)) > 8 * se
-    assert race.finite_tokens_per_call(alpha, gamma, 40) == pytest.approx(40 / exact)
+    assert intervals.finite_tokens_per_call(alpha, gamma, 40) == pytest.approx(40 / exact)
 
 
 def test_expected_steps_at_the_edges_and_in_the_long_run():
     """α = 0: one token a step; α = 1: γ + 1 tokens a step, the last one cut; as N grows, S(N)
     grows by N/E per token (the renewal theorem), while its offset from N/E stays bounded."""
-    assert race.expected_steps(0.0, 4, 37) == pytest.approx(37)
-    assert race.expected_steps(1.0, 4, 37) == pytest.approx(8)  # ceil(37 / 5)
-    slope = race.expected_steps(0.7, 3, 2_000) - race.expected_steps(0.7, 3, 1_000)
+    assert intervals.expected_steps(0.0, 4, 37) == pytest.approx(37)
+    assert intervals.expected_steps(1.0, 4, 37) == pytest.approx(8)  # ceil(37 / 5)
+    slope = intervals.expected_steps(0.7, 3, 2_000) - intervals.expected_steps(0.7, 3, 1_000)
     assert slope == pytest.approx(1_000 / sc.expected_tokens(0.7, 3), rel=1e-9)
     for args, name in [((1.5, 4, 10), "alpha"), ((0.5, 0, 10), "gamma"), ((0.5, 4, 0), "n_tokens"),
                        ((0.5, 4, 10**7), "n_tokens")]:  # fmt: skip
         with pytest.raises(ValueError, match=name):
-            race.expected_steps(*args)
+            intervals.expected_steps(*args)
 
 
 def test_predict_counts_the_last_steps_overshoot():
@@ -49,7 +49,7 @@ def test_predict_counts_the_last_steps_overshoot():
     (N/E steps) at N = 40; Equation 1's E as tokens gives Theorem 3.8 back (the control)."""
     costs = race.Costs({1: 1.0, 5: 1.0}, {"d": 0.1}, {"target": 0.0, "d": 0.0})
     finite = race.predict(costs, 0.0, 0.0, 0.79, "d", 4, 40)
-    assert finite == pytest.approx(40 / (race.expected_steps(0.79, 4, 40) * 1.4), rel=1e-12)
+    assert finite == pytest.approx(40 / (intervals.expected_steps(0.79, 4, 40) * 1.4), rel=1e-12)
     theorem = sc.walltime_speedup(0.79, 4, 0.1)
     eq1 = race.predict(costs, 0.0, 0.0, 0.79, "d", 4, 40, tokens=sc.expected_tokens(0.79, 4))
     assert eq1 == pytest.approx(theorem, rel=1e-12) and finite < 0.97 * theorem
@@ -61,9 +61,9 @@ def test_predict_counts_the_last_steps_overshoot():
 # prompts, 0.03 to 0.08 between repeats), with heavy tails: shapes from a t law with 3 degrees of
 # freedom, scaled to variance 1.
 _TAILS = np.random.default_rng(11).standard_t(3, size=(2, 4_000))
-NOISE = race.Components(0.08, 0.05, race._unit(_TAILS[0]), race._unit(_TAILS[1]))
+NOISE = intervals.Components(0.08, 0.05, intervals._unit(_TAILS[0]), intervals._unit(_TAILS[1]))
 # Prompts that differ far more than repeats do: where an interval that ignores prompts fails.
-PROMPTY = race.Components(0.10, 0.02, NOISE.prompt_shape, NOISE.repeat_shape)
+PROMPTY = intervals.Components(0.10, 0.02, NOISE.prompt_shape, NOISE.repeat_shape)
 
 
 @pytest.mark.parametrize("prompts, repeats", [(4, 2), (12, 3)])
@@ -72,28 +72,28 @@ def test_the_prompt_interval_covers_at_its_level_for_both_designs(prompts, repea
     """4,000 synthetic races, true speedup 2: a 95 % interval's coverage has Monte Carlo s.e.
     0.0034, so 0.93 is 6 s.e. below 0.95. The same races through `runs_interval`, which treats
     a prompt's runs as independent (the control), cover at most 0.85 when prompts differ."""
-    got = race.coverage(race.prompt_interval, NOISE, prompts, repeats, shape=shape)
+    got = intervals.coverage(intervals.prompt_interval, NOISE, prompts, repeats, shape=shape)
     assert got >= 0.93
-    narrow = race.coverage(race.runs_interval, PROMPTY, prompts, 6, shape=shape)
+    narrow = intervals.coverage(intervals.runs_interval, PROMPTY, prompts, 6, shape=shape)
     assert narrow < 0.85
 
 
 def test_coverage_counts_misses_a_half_width_interval_shows_them():
     """The coverage simulation can fail: an interval at level 0.5 called 95 % covers near 0.5
     (0.40 to 0.60 at 4,000 races, 30 s.e.); the nominal one covers at least 0.93."""
-    half = race.coverage(race.prompt_interval, NOISE, 6, 3, level=0.5)
+    half = intervals.coverage(intervals.prompt_interval, NOISE, 6, 3, level=0.5)
     assert 0.40 < half < 0.60
-    assert race.coverage(race.prompt_interval, NOISE, 6, 3) >= 0.93
+    assert intervals.coverage(intervals.prompt_interval, NOISE, 6, 3) >= 0.93
 
 
 def test_the_bootstrap_this_page_used_before_covers_less_than_its_level():
     """Its percentile interval over 3 prompts × 2 repeats spans little more than the lowest and
     highest prompt: simulated on 1,000 races (s.e. 0.014) it covers under 0.88, where the
     t-interval covers at least 0.93 (the control: the simulation can pass an interval)."""
-    assert race.coverage(race.bootstrap, NOISE, 3, 2, n_races=1_000) < 0.88
-    assert race.coverage(race.prompt_interval, NOISE, 3, 2, n_races=1_000) >= 0.93
-    plain, seconds = race.synthetic_races(NOISE, 3, 2, 1, 2.0, np.random.default_rng(0))
-    ratio, low, high = race.bootstrap(plain[0], seconds[0])
+    assert intervals.coverage(intervals.bootstrap, NOISE, 3, 2, n_races=1_000) < 0.88
+    assert intervals.coverage(intervals.prompt_interval, NOISE, 3, 2, n_races=1_000) >= 0.93
+    plain, seconds = intervals.synthetic_races(NOISE, 3, 2, 1, 2.0, np.random.default_rng(0))
+    ratio, low, high = intervals.bootstrap(plain[0], seconds[0])
     assert low < ratio < high and ratio == pytest.approx(plain.sum() / seconds.sum())
 
 
@@ -108,15 +108,16 @@ def test_variance_components_recover_a_known_race_and_not_a_swapped_one():
     """A synthetic race of 300 prompts × 4 repeats with 0.08 between prompts and 0.05 between
     repeats: the one-way analysis recovers each within 10 % (its s.e. is about 4 %); the
     swapped pair (the control) is 60 % off."""
-    plain, seconds = race.synthetic_races(NOISE, 300, 4, 1, 2.0, np.random.default_rng(4), "normal")
+    rng = np.random.default_rng(4)
+    plain, seconds = intervals.synthetic_races(NOISE, 300, 4, 1, 2.0, rng, "normal")
     rows = _frame(plain[0], seconds[0])
-    got = race.variance_components(rows)
+    got = intervals.variance_components(rows)
     assert got.between_prompts == pytest.approx(0.08, rel=0.1)
     assert got.between_repeats == pytest.approx(0.05, rel=0.1)
     assert got.between_prompts != pytest.approx(0.05, rel=0.1)
     assert np.std(got.prompt_shape) == pytest.approx(1) and len(got.repeat_shape) == 1_200
     with pytest.raises(ValueError, match="two repeats"):
-        race.variance_components(rows[rows.repeat == 0])
+        intervals.variance_components(rows[rows.repeat == 0])
 
 
 def test_prompt_interval_refuses_bad_input_naming_it():
@@ -124,11 +125,11 @@ def test_prompt_interval_refuses_bad_input_naming_it():
     for plain, seconds, match in [(ok, np.ones((3, 3)), "share a shape"), (np.ones((1, 2)),
                                   np.ones((1, 2)), "P ≥ 2"), (ok, -ok, "positive")]:  # fmt: skip
         with pytest.raises(ValueError, match=match):
-            race.prompt_interval(plain, seconds)
+            intervals.prompt_interval(plain, seconds)
     with pytest.raises(ValueError, match="level"):
-        race.prompt_interval(ok, ok, level=95)
+        intervals.prompt_interval(ok, ok, level=95)
     with pytest.raises(ValueError, match="shape"):
-        race.coverage(race.prompt_interval, NOISE, 3, 2, shape="uniform")
+        intervals.coverage(intervals.prompt_interval, NOISE, 3, 2, shape="uniform")
 
 
 # ---- the physical cap ---------------------------------------------------------------------------
@@ -148,12 +149,12 @@ def test_the_cap_is_gamma_plus_one_tokens_a_call_at_the_pages_costs():
 def test_no_interval_reaches_past_the_cap_and_the_cut_keeps_coverage():
     """True speedup 2 with a cap of 2.1 and wide noise (3 prompts × 2 repeats): uncut, most
     intervals reach past 2.1 (the control); cut, none does, and coverage stays above 0.93."""
-    noisy = race.Components(0.15, 0.1, NOISE.prompt_shape, NOISE.repeat_shape)
-    plain, seconds = race.synthetic_races(noisy, 3, 2, 2_000, 2.0, np.random.default_rng(5))
-    _, _, uncut = race.prompt_interval(plain, seconds)
-    _, low, high = race.prompt_interval(plain, seconds, cap=2.1)
+    noisy = intervals.Components(0.15, 0.1, NOISE.prompt_shape, NOISE.repeat_shape)
+    plain, seconds = intervals.synthetic_races(noisy, 3, 2, 2_000, 2.0, np.random.default_rng(5))
+    _, _, uncut = intervals.prompt_interval(plain, seconds)
+    _, low, high = intervals.prompt_interval(plain, seconds, cap=2.1)
     assert np.mean(uncut > 2.1) > 0.5 and high.max() <= 2.1 and (low <= high).all()
-    assert race.coverage(race.prompt_interval, noisy, 3, 2, cap=2.1) >= 0.93
+    assert intervals.coverage(intervals.prompt_interval, noisy, 3, 2, cap=2.1) >= 0.93
 
 
 # ---- the prediction's band and the verdict ------------------------------------------------------
@@ -162,16 +163,16 @@ def test_no_interval_reaches_past_the_cap_and_the_cut_keeps_coverage():
 def test_the_prediction_band_adds_alpha_and_the_costs_spread():
     """Identical predictions and no α error give a band of width 0; α's s.e. alone gives
     ±1.96·slope·s.e.; the costs' spread alone ±1.96·sd/√k; together the root sum of squares."""
-    assert race.prediction_band([2.0, 2.0, 2.0], 5.0, 0.0) == pytest.approx((2.0, 2.0))
-    low, high = race.prediction_band([2.0, 2.0], 5.0, 0.01)
+    assert intervals.prediction_band([2.0, 2.0, 2.0], 5.0, 0.0) == pytest.approx((2.0, 2.0))
+    low, high = intervals.prediction_band([2.0, 2.0], 5.0, 0.01)
     assert high - 2.0 == pytest.approx(1.959964 * 0.05, rel=1e-5)
-    low, high = race.prediction_band([1.9, 2.1], 0.0, 0.0)
+    low, high = intervals.prediction_band([1.9, 2.1], 0.0, 0.0)
     half = 1.959964 * np.std([1.9, 2.1], ddof=1) / np.sqrt(2)
     assert (low, high) == pytest.approx((2.0 - half, 2.0 + half), rel=1e-5)
-    low, high = race.prediction_band([1.9, 2.1], 5.0, 0.01)
+    low, high = intervals.prediction_band([1.9, 2.1], 5.0, 0.01)
     assert high - 2.0 == pytest.approx(np.hypot(half, 1.959964 * 0.05), rel=1e-5)
     with pytest.raises(ValueError, match="se"):
-        race.prediction_band([2.0], 1.0, -0.1)
+        intervals.prediction_band([2.0], 1.0, -0.1)
 
 
 def test_the_verdict_is_chosen_on_the_race_and_measured_on_fresh_prompts():
@@ -193,9 +194,9 @@ def test_the_verdict_is_chosen_on_the_race_and_measured_on_fresh_prompts():
             for d in ("lucky", "steady")
         ]
     )
-    table = race.summarise(rows, {("lucky", 2): 5.0, ("steady", 2): 5.0})
+    table = intervals.summarise(rows, {("lucky", 2): 5.0, ("steady", 2): 5.0})
     fresh = rows[rows.draft == "lucky"].assign(seconds=lambda f: 1.4 + 0.01 * f.prompt)
-    verdict = race.confirm(table, fresh)
+    verdict = intervals.confirm(table, fresh)
     assert verdict.draft == "lucky" and verdict.chosen_at == pytest.approx(2 / 0.91, rel=1e-3)
     assert verdict.speedup == pytest.approx(2 / 1.41, rel=1e-3)
     assert verdict.low < verdict.speedup < verdict.high
@@ -205,6 +206,6 @@ def test_the_verdict_is_chosen_on_the_race_and_measured_on_fresh_prompts():
 def test_the_prediction_figure_labels_each_point_by_gamma():
     table = pd.DataFrame({"draft": ["bigram", "bigram", "draft1-2000"], "gamma": [2, 4, 3]})
     table["predicted"], table["speedup"], table["low"], table["high"] = 1.2, 1.3, 1.1, 1.5
-    fig = race.plot_prediction(table, "t")
+    fig = intervals.plot_prediction(table, "t")
     labels = sorted(text.get_text() for text in fig.axes[0].texts)
     assert labels == ["γ = 2", "γ = 3", "γ = 4"]

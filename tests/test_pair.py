@@ -329,13 +329,13 @@ def test_a_draft_keeps_its_colour_and_marker_in_every_chapter_9_figure():
     import matplotlib.colors as mcolors
     import pandas as pd
 
-    from specdec import race
+    from specdec import intervals, race
 
     rng = np.random.default_rng(0)
     hist = specdec.pair.plot_beta_histograms({n: rng.random(50) for n in ("bigram", "draft1-2000")})
     table = pd.DataFrame({"draft": ["bigram", "draft1-2000"], "gamma": [2, 2]})
     table["predicted"], table["speedup"], table["low"], table["high"] = 1.2, 1.3, 1.1, 1.5
-    prediction = race.plot_prediction(table, "t")
+    prediction = intervals.plot_prediction(table, "t")
     drawn = [  # (draft, its marker line): the histograms' markers on the mean, the race's points
         (ax.get_title().split(":")[0], line)
         for ax in hist.axes

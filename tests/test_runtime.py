@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 import specdec_core as sc
-from specdec import race
+from specdec import intervals, race
 from specdec.runtime import RuntimeTransformer
 from specdec.transformer import Config, TinyTransformer
 
@@ -134,7 +134,7 @@ def test_the_prompt_interval_covers_a_known_ratio_and_not_a_wrong_one():
             for r in range(6)
         ]
     )
-    speedup, low, high = race.prompt_interval(*race._grid(rows))
+    speedup, low, high = intervals.prompt_interval(*intervals._grid(rows))
     assert low < 2 < high and not low < 1.8 < high
     assert low < speedup < high
 
@@ -193,7 +193,7 @@ def test_a_steps_draft_calls_replace_gamma_c_in_the_prediction_where_measured():
     assert cold.drafting("d", 3) == pytest.approx(0.3)  # not measured at γ = 3: γ·c
     warm = race.predict(base, 0.0, 0.0, 0.7, "d", 4, 100)
     assert race.predict(cold, 0.0, 0.0, 0.7, "d", 4, 100) < warm  # the control: it is charged
-    e = race.finite_tokens_per_call(0.7, 4, 100)  # what the prediction uses without tokens
+    e = intervals.finite_tokens_per_call(0.7, 4, 100)  # what the prediction uses without tokens
     assert race.predict(base, 0.0, 0.0, 0.7, "d", 4, 100, tokens=e) == pytest.approx(warm)
     assert race.predict(base, 0.0, 0.0, 0.7, "d", 4, 100, tokens=e - 0.5) < warm
 
