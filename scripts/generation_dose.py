@@ -17,6 +17,7 @@ import argparse
 import fcntl
 import json
 import os
+import tempfile
 import time
 from pathlib import Path
 
@@ -33,7 +34,7 @@ SHIFT_TOKEN = " "  # the commonest character of the held-out text
 
 def save(path, part, key, runs, meta):
     """Write one point's runs into the record at path, under a lock (two parts may run at once)."""
-    with open(path.with_suffix(".lock"), "w") as lock:
+    with open(Path(tempfile.gettempdir()) / "generation_dose.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         record = json.loads(path.read_text()) if path.exists() else {}
         record.update({k: v for k, v in meta.items() if k not in record})
