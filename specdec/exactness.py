@@ -7,7 +7,8 @@ whatever the prompt, the position or the path (kept draft, residual or bonus) it
 plants one bug in the same loop, for the negative controls.
 """
 
-from numbers import Real
+from numbers import Integral, Real
+from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
@@ -19,6 +20,8 @@ from .rule import BROKEN_RULES
 from .transformer import one_blas_thread, softmax_law
 from .verify import _verify, verify
 
+# generation_test against diluted bugs and small shifts, written by scripts/generation_dose.py
+DOSE_RECORD = Path(__file__).parent / "data" / "generation_dose.json"
 GENERATION_LEVEL = 1e-3  # generation_test's level: a correct pipeline fails it this often, by seed
 MAX_TEST_PROMPTS = 1024  # prompts of one generation_test, one batch: the small pair's KV
 # caches then stay under 0.6 GiB at any length; a larger model's are bounded by MAX_BYTES
@@ -176,25 +179,46 @@ class BrokenPair(Pair):
     """A Pair with one of BUGS planted, for generation_test's negative controls: it shares the
     pair's models (and its lock) and runs the same generation loop, with one piece changed."""
 
-    def __init__(self, pair, bug):
+    def __init__(self, pair, bug, fraction=1.0):
         if not isinstance(pair, Pair):
             raise TypeError(f"pair must be a Pair, got {type(pair).__name__}")
         if bug not in BUGS:
             raise ValueError(f"bug must be one of {sorted(BUGS)}, got {bug!r}")
+        if isinstance(fraction, bool) or not isinstance(fraction, Real) or not 0 < fraction <= 1:
+            raise ValueError(f"fraction must be a number in (0, 1], got {fraction!r}")
+        if fraction < 1 and bug == "draft cache not rolled back":
+            raise ValueError("fraction < 1 needs a bug of one step; the draft's cache is not")
         self.__dict__.update(pair.__dict__)
-        self.bug = bug
+        self.bug, self.fraction = bug, float(fraction)
 
     def _models(self, draft):
         """The pair's models, the target or the draft wrapped by the bug."""
         models = super()._models(draft)
         if self.bug == "stale target position":
-            return (_StaleRollback(models[0]), *models[1:])
+            return (_StaleRollback(models[0], self.fraction), *models[1:])
         if self.bug == "draft cache not rolled back" and draft is not None:
             return (models[0], _NoRollback(models[1]))
         return models
 
     def _verify(self, target_probs, draft_probs, draft_tokens, rng):
-        """The book's `verify`, or the bug's verifier."""
+        """The bug's verifier on each row with probability `fraction` (a draw from rng when
+        fraction < 1), the book's `verify` on the others."""
+        if self.bug == "stale target position":  # a cache bug: the verifier is the book's
+            return verify(target_probs, draft_probs, draft_tokens, rng)
+        if self.fraction == 1:
+            return self._broken(target_probs, draft_probs, draft_tokens, rng)
+        hit = rng.random(len(draft_tokens)) < self.fraction  # (B,) the rows the bug takes
+        accepted = np.empty(len(draft_tokens), dtype=np.int64)
+        emitted = np.empty((len(draft_tokens), draft_tokens.shape[1] + 1), dtype=np.int64)
+        for rows, check in ((~hit, verify), (hit, self._broken)):
+            if rows.any():
+                accepted[rows], emitted[rows] = check(
+                    target_probs[rows], draft_probs[rows], draft_tokens[rows], rng
+                )
+        return accepted, emitted
+
+    def _broken(self, target_probs, draft_probs, draft_tokens, rng):
+        """The bug's verifier: chapter 3's broken rules, or `verify` handed the wrong q rows."""
         rule = {"residual from p": "resample from p", "one uniform": "one uniform"}.get(self.bug)
         if rule:  # chapter 3's broken rules
             return _verify(target_probs, draft_probs, draft_tokens, rng, BROKEN_RULES[rule])
@@ -203,12 +227,38 @@ class BrokenPair(Pair):
         return verify(target_probs, draft_probs, draft_tokens, rng)
 
 
+class ShiftedPair(Pair):
+    """A Pair whose verifier is handed (1 − ε)·p + ε·e_token for the target's p at every
+    position: the rule is exact for the rows it is given, so the run emits that law, a shift of
+    probability ε·(1 − p(token)) onto one token (its total variation from p at each position)."""
+
+    def __init__(self, pair, token, epsilon):
+        if not isinstance(pair, Pair):
+            raise TypeError(f"pair must be a Pair, got {type(pair).__name__}")
+        if isinstance(token, bool) or not isinstance(token, Integral):
+            raise TypeError(f"token must be an int id, got {type(token).__name__}")
+        if not 0 <= token < len(pair.vocab):
+            raise ValueError(f"token must lie in [0, {len(pair.vocab)}), got {token}")
+        if isinstance(epsilon, bool) or not isinstance(epsilon, Real) or not 0 < epsilon <= 1:
+            raise ValueError(f"epsilon must be a number in (0, 1], got {epsilon!r}")
+        self.__dict__.update(pair.__dict__)
+        self.token, self.epsilon = int(token), float(epsilon)
+
+    def _verify(self, target_probs, draft_probs, draft_tokens, rng):
+        """`verify` on the shifted target rows (B, γ + 1, V)."""
+        shifted = (1 - self.epsilon) * target_probs
+        shifted[..., self.token] += self.epsilon
+        return verify(shifted, draft_probs, draft_tokens, rng)
+
+
 class _StaleRollback:
     """A transformer whose rollback keeps one stale position: after forgetting positions, the
-    last position kept holds the keys and values of the first one forgotten."""
+    last position kept holds the keys and values of the first one forgotten. With fraction < 1
+    each rollback of a row does so with that probability (a generator seeded 0 per run)."""
 
-    def __init__(self, model):
-        self.model = model
+    def __init__(self, model, fraction=1.0):
+        self.model, self.fraction = model, fraction
+        self.rng = np.random.default_rng(0)
 
     def __getattr__(self, name):
         return getattr(self.model, name)
@@ -218,7 +268,10 @@ class _StaleRollback:
         model = self.model
         before = model.lengths.copy()
         model.rollback(lengths)
-        rows = np.flatnonzero((model.lengths < before) & (model.lengths >= 1))
+        stale = (model.lengths < before) & (model.lengths >= 1)
+        if self.fraction < 1:
+            stale &= self.rng.random(len(stale)) < self.fraction
+        rows = np.flatnonzero(stale)
         kept = model.lengths[rows]
         for cache in (model.keys, model.values):  # (L, B, length, d)
             cache[:, rows, kept - 1] = cache[:, rows, kept]
@@ -270,3 +323,31 @@ class _NoRollback:
         self.lengths = self.lengths + ids.shape[1]
         self.fed = np.concatenate([self.fed, ids], axis=1)
         return self.model.forward(ids)
+
+
+def rejections(subject, draft, gamma, seeds, **size):
+    """generation_test of subject (a Pair, BrokenPair or ShiftedPair) at each seed: a list of
+    {seed, p_value, passed, statistic, tokens_per_call, min_rollbacks, calls}, what `reproduces`
+    compares; size passes n_prompts, n_tokens, prompt_length or level on."""
+    out = []
+    for seed in seeds:
+        result = generation_test(subject, draft, gamma, seed=seed, **size)
+        out.append(
+            {
+                "seed": int(seed),
+                "p_value": result.p_value,
+                "passed": result.passed,
+                "statistic": result.statistic,
+                "tokens_per_call": result.tokens_per_call,
+                "min_rollbacks": result.min_rollbacks,
+                "calls": result.calls,
+            }
+        )
+    return out
+
+
+def smallest_detected(effects, rejected, runs, power=0.9):
+    """The smallest effect whose share of rejected runs reaches power, among effects measured
+    (rejected[i] of runs[i] at effects[i]), or None; the shares need not be monotone."""
+    reached = [e for e, k, n in zip(effects, rejected, runs) if n and k / n >= power]
+    return min(reached) if reached else None

@@ -144,3 +144,21 @@ def law_tv(law, reference):
     """Total variation ½·Σ|law − reference| between two laws over strings."""
     keys = sorted(set(law) | set(reference))  # one summation order, whatever the hash seed
     return sum(abs(law.get(s, 0) - reference.get(s, 0)) for s in keys) / 2
+
+
+def clopper_pearson(k, n, confidence=0.95):
+    """Clopper–Pearson's exact interval (low, high) for a binomial proportion from k of n:
+    the beta quantiles (1 − confidence)/2 and (1 + confidence)/2, with 0 at k = 0 and 1 at
+    k = n. It covers the proportion with probability at least `confidence` at every n."""
+    _check_count(k, "k")
+    _check_positive_count(n, "n")
+    if k > n:
+        raise ValueError(f"k must be at most n = {n}, got {k}")
+    if isinstance(confidence, bool) or not isinstance(confidence, float | int):
+        raise TypeError(f"confidence must be a number, got {type(confidence).__name__}")
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must lie in (0, 1), got {confidence!r}")
+    tail = (1 - confidence) / 2
+    low = float(stats.beta.ppf(tail, k, n - k + 1)) if k else 0.0
+    high = float(stats.beta.ppf(1 - tail, k + 1, n - k)) if k < n else 1.0
+    return low, high

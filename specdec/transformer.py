@@ -22,7 +22,7 @@ from typing import NamedTuple
 import numpy as np
 from threadpoolctl import ThreadpoolController, threadpool_info, threadpool_limits
 
-from .checks import _check_count, _check_memory
+from .checks import _check_count, _check_memory, _check_positive_count
 from .exact import target_joint
 from .models import BOS, CONTEXTS, P_MATRIX, V, draft_matrix
 from .rule import EXACT_RULE
@@ -496,8 +496,9 @@ def timed_run(fn):
 
 
 def machine():
-    """{cpu, blas, threads, cores, python, numpy}: what measured this chapter's times (blas is
-    numpy's own library; scipy may load a second one, limited to one thread as well)."""
+    """{cpu, blas, architecture, threads, cores, python, numpy}: what measured this chapter's
+    times (blas is numpy's own library, architecture the kernels OpenBLAS chose for this CPU;
+    scipy may load a second library, limited to one thread as well)."""
     cpu = platform.processor() or "unknown CPU"
     try:
         with open("/proc/cpuinfo") as f:
@@ -511,11 +512,50 @@ def machine():
     return {
         "cpu": cpu,
         "blas": name,
+        "architecture": (lib or {}).get("architecture") or "unknown",  # OpenBLAS's kernel set
         "threads": BLAS_THREADS,
         "cores": os.cpu_count(),
         "python": platform.python_version(),
         "numpy": np.__version__,
     }
+
+
+# OpenBLAS's single-precision gemm kernel for Haswell-class CPUs (kernel/x86_64/
+# sgemm_kernel_8x4_haswell_2.c, which KERNEL.HASWELL names) covers a product's rows in blocks
+# of 12, 8, 4, 2 and 1, largest first; each block is one pass of the kernel over the packed
+# weights. numpy's matmul sends a one-row product to gemv instead (numpy's matmul.c.src).
+SGEMM_ROW_BLOCKS = {"Haswell": (12, 8, 4, 2, 1)}
+
+
+def kernel_blocks(rows, blocks=SGEMM_ROW_BLOCKS["Haswell"]):
+    """The row blocks, largest first, that the gemm kernel splits `rows` ≥ 2 into: (4, 2, 1)
+    for 7; () for one row, which numpy's matmul hands to gemv."""
+    _check_positive_count(rows, "rows")
+    if rows == 1:
+        return ()
+    out, left = [], int(rows)
+    for block in blocks:
+        while left >= block:
+            out.append(block)
+            left -= block
+    return tuple(out)
+
+
+def product_times(config, rows, repeats=15):
+    """Best thread CPU seconds of x @ w, x of shape (n, d_in), for each of the first layer's
+    weight matrices and each n in rows: {matrix name: (len(rows),)}, one BLAS thread."""
+    layer = TinyTransformer(config).layers[0]
+    out = {}
+    with threadpool_limits(limits=BLAS_THREADS, user_api="blas"):
+        for name in ("w_qkv", "w_o", "w_up", "w_down"):
+            w = getattr(layer, name)
+            best = np.full(len(rows), np.inf)
+            for _ in range(repeats):  # repeats interleaved over the row counts
+                for j, n in enumerate(rows):
+                    x = np.ones((n, w.shape[0]), w.dtype)
+                    best[j] = min(best[j], _seconds(lambda x=x, w=w: x @ w))
+            out[name] = best
+    return out
 
 
 COST_CALLS = 3  # timed calls of each kind after each repeat of the race
