@@ -46,6 +46,13 @@ Python call per token) and a vectorised twin in numpy for the Monte Carlo; tests
 the two agree. Exact results use `fractions.Fraction`, computed from the integer counts.
 """
 
+if __name__ == "__main__":  # python -m specdec_core audit TARGET: numpy and scipy only, no plots
+    import sys
+
+    from specdec.cli import main
+
+    sys.exit(main(sys.argv[1:]))
+
 # The modules in the book's order, as in the map above.
 from specdec.checks import *
 from specdec.style import *
@@ -72,9 +79,3 @@ from specdec.experiments import *
 from specdec.pair import ACCEPTED, BONUS, PLAIN, RESIDUAL, Pair, Run, load_pair
 from specdec.exactness import P_VALUE_SLACK, GenerationTest, generation_test, reproduces
 from specdec.figures import *
-
-
-if __name__ == "__main__":  # python -m specdec_core audit path/to/file.py:function
-    import sys
-
-    sys.exit(main(sys.argv[1:]))

@@ -21,30 +21,10 @@ import types
 
 import numpy as np
 
+from .harness import _torch_of
 from .planted import _draw
 
 # ---- backends: numpy arrays, or tensors of a torch module -------------------------------------
-
-
-def _code_of(fn):
-    """The Python function behind fn: through partials, bound methods and callable objects."""
-    for _ in range(8):
-        fn = getattr(fn, "func", fn)  # functools.partial
-        fn = getattr(fn, "__func__", fn)  # a bound method
-        if isinstance(fn, types.FunctionType):
-            return fn
-        if not callable(fn):
-            break
-        forward = getattr(type(fn), "forward", None)  # an nn.Module is called through forward
-        fn = forward if forward is not None else type(fn).__call__
-    return None
-
-
-def _torch_of(fn):
-    """The module bound to the name `torch` in fn's globals, or None."""
-    code = _code_of(fn)
-    module = code.__globals__.get("torch") if code is not None else None
-    return module if isinstance(module, types.ModuleType) else None
 
 
 class Backend:
@@ -63,9 +43,15 @@ class Backend:
         return "numpy" if self.torch is None else self.torch.__name__
 
     def floats(self, array):
-        """Probabilities or logits for fn: a CPU tensor of the dtype, or a numpy array."""
+        """Probabilities or logits for fn: a CPU tensor of the dtype, or a numpy array. A tensor
+        gets memory of its own: torch.from_numpy shares the array's, and a write in place into
+        a read-only row (shared memory) would kill the process with SIGSEGV."""
         array = np.asarray(array) if self.dtype is None else np.asarray(array, self.dtype)
-        return array if self.torch is None else self.torch.from_numpy(np.ascontiguousarray(array))
+        if self.torch is None:
+            return array
+        if not (array.flags.writeable and array.flags.c_contiguous):
+            array = np.array(array, order="C")  # a private, writable copy
+        return self.torch.from_numpy(array)
 
     def ids(self, array):
         """Token ids for fn: int64."""
@@ -230,6 +216,7 @@ def hf_adapter(fn, backend=None, dtype=None):
         return accepted, tokens
 
     verify_fn.__name__ = verify_fn.__qualname__ = f"hf_adapter({_name(fn)}, {tensors.name})"
+    verify_fn.engine_function = fn  # where the child looks for the torch module it pins
     return verify_fn
 
 
@@ -316,6 +303,7 @@ def vllm_adapter(fn, backend=None, dtype=None):
         return _from_padded(fn(**{k: v for k, v in arguments.items() if k in named}))
 
     verify_fn.__name__ = verify_fn.__qualname__ = f"vllm_adapter({_name(fn)}, {tensors.name})"
+    verify_fn.engine_function = fn  # where the child looks for the torch module it pins
     return verify_fn
 
 
@@ -380,6 +368,7 @@ def vllm_v0_adapter(fn, backend=None, dtype=None):
         return _from_padded(fn(**{k: v for k, v in arguments.items() if k in named}))
 
     verify_fn.__name__ = verify_fn.__qualname__ = f"vllm_v0_adapter({_name(fn)}, {tensors.name})"
+    verify_fn.engine_function = fn  # where the child looks for the torch module it pins
     return verify_fn
 
 

@@ -6,6 +6,14 @@ so that a law off by AUDIT_TV in a scenario fails it with probability at least A
 Every statistic is `exact_chi_square`, whose null law is exactly chi-square at any count, so an
 exact verifier fails the whole audit with probability at most AUDIT_LEVEL over the audit's seeds
 (Bonferroni over every statistic), with no large-sample approximation.
+
+Drafter mode (`drafter=`): the drafts come from the user's drafter, which may stop early (a
+confidence stop, an end-of-sequence stop), so the number of drafts may depend on the drafted
+tokens. Only what must hold whatever the stopping rule is tested: each draft is a draw from the q
+row the drafter returns (a randomized probability integral transform, position by position), and
+the emitted tokens at each position follow the target's row there.
+
+The audit needs numpy and scipy only: pandas is imported when a report's `table` is read.
 """
 
 import functools
@@ -13,18 +21,23 @@ from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
-import pandas as pd
 from scipy import stats
 
 from .checks import _check_count
 from .engine import RowSampler
-from .harness import AUDIT_TIMEOUT, Fault, Remote, Sandbox
+from .harness import AUDIT_TIMEOUT, THREADS, Fault, Remote, Sandbox
 from .pipelines import ROW_BUGS, ROW_EXACT, noncentrality_needed
 from .projections import (
+    MIN_EXPECTED,
     POWER,
+    Cells,
     Scenario,
+    _batches,
+    _call,
+    _drafter_of,
     _projections_of,
     _statistics,
+    _zipf,
     component_rows,
     components,
     direction_weights,
@@ -32,9 +45,11 @@ from .projections import (
     exact_chi_square,
     exact_scores,
     output_problem,
-    run_ragged,
+    pearson_test,
     run_scenario,
+    sized_tv,
 )
+from .projections import _law as _law_rows
 
 AUDIT_LEVEL = 1e-3  # chance that the whole audit fails an exact verifier
 AUDIT_TV = 0.08  # a verifier whose law is this far off in one scenario ...
@@ -217,15 +232,14 @@ def _one_hot_rows(rows):
     return (np.arange(rows.shape[-1]) == rows.argmax(axis=-1)[..., None]) * 1.0
 
 
-DIRECTIONS = {  # bug families the small suite also tests along their own direction
-    **{
-        f"direction of {key}": {"rule": rule}
-        for key, rule in ROW_BUGS.items()
-        if key != "tiny clamp"
-    },
-    "direction of argmax target at T > 0": {"verified": _one_hot_rows},
-    "direction of bonus from the last draft position": {"bonus_before": True},
+DIRECTION_SOURCES = {  # the moves that fix the small suite's one-degree-of-freedom directions
+    **{key: {"rule": rule} for key, rule in ROW_BUGS.items() if key != "tiny clamp"},
+    "argmax target at T > 0": {"verified": _one_hot_rows},
+    "bonus from the last draft position": {"bonus_before": True},
 }
+DIRECTION = "completed law along direction"  # a statistic's name: what it measures, not a cause
+DIRECTION_NAMES = {bug: f"{DIRECTION} {i}" for i, bug in enumerate(DIRECTION_SOURCES, 1)}
+DIRECTIONS = {DIRECTION_NAMES[bug]: move for bug, move in DIRECTION_SOURCES.items()}
 
 
 @functools.cache
@@ -331,7 +345,12 @@ def _audit_row(verify_fn, index, level, rng):
             rows.append(line | {"p-value": 1.0, "passed": True, "finding": finding})
             continue
         stat = float(stat)
-        differs = "law differs from the exact one" if df > 1 else f"law moves along the {component}"
+        differs = (
+            "law differs from the exact one"
+            if df > 1
+            else "the completed law moved along this fixed direction (a 1-degree-of-freedom "
+            "projection of the cells' deviations from the exact law)"
+        )
         rows.append(
             line
             | {
@@ -365,38 +384,92 @@ COLUMNS = [
 SHOWN_FAILURES = 8  # the printout diagnoses at most this many failed statistics
 
 
-class AuditReport(NamedTuple):
-    """audit_verifier's answer: passed only if every statistic passed; one table row each."""
+def _value(row, key):
+    """row[key], NaN where the row has no such entry."""
+    return row.get(key, np.nan)
 
-    passed: bool
-    table: pd.DataFrame
+
+class AuditReport:
+    """audit_verifier's answer: passed only if every statistic passed.
+
+    rows: one dict per statistic (or one per scenario that stopped at its first finding);
+    planned: {scenario: statistics planned}; notes: lines on what the run exercised; warnings:
+    {text: count} the verifier's own code issued, kept apart from the verdict. `table` holds
+    the rows as a pandas DataFrame (pandas is imported then, never by the audit itself).
+    """
+
+    def __init__(self, rows, planned=None, notes=(), warnings=None):
+        prefix = f"raised {Fault.__name__}: "  # a failed child reads as what happened
+        self.rows = []
+        for row in rows:
+            row = {"request": 0} | dict(row)
+            if isinstance(row.get("finding"), str):
+                row["finding"] = row["finding"].replace(prefix, "")
+            self.rows.append(row)
+        self.passed = all(bool(row["passed"]) for row in self.rows)
+        self.planned = dict(planned or {})
+        self.notes, self.warnings = list(notes), dict(warnings or {})
+
+    @functools.cached_property
+    def table(self):
+        """The rows as a DataFrame, one per statistic, in COLUMNS."""
+        import pandas as pd
+
+        return pd.DataFrame(self.rows, columns=COLUMNS)
+
+    def _collapsed(self):
+        """A line explaining why fewer rows than planned statistics, or None."""
+        seen = {}
+        for row in self.rows:
+            seen[row["scenario"]] = seen.get(row["scenario"], 0) + 1
+        short = [name for name, n in self.planned.items() if seen.get(name, 0) < n]
+        if not short:
+            return None
+        planned = sum(self.planned.values())
+        return (
+            f"  {len(self.rows)} rows, not the {planned} statistics planned: "
+            f"{len(short)} scenario{'s' * (len(short) != 1)} stopped at the first finding (an "
+            "error, an output of the wrong form, or a draw of probability 0), reported as one "
+            f"row in place of its statistics: {'; '.join(short)}"
+        )
 
     def __repr__(self):
         """A readable summary: the verdict, then each failed statistic with its diagnosis."""
-        failed = self.table[~self.table["passed"]]
-        scenarios = self.table["scenario"].nunique()
+        failed = [row for row in self.rows if not row["passed"]]
+        scenarios = len({row["scenario"] for row in self.rows})
         lines = [
-            f"{'PASSED' if self.passed else 'FAILED'}: {len(failed)} of {len(self.table)} "
+            f"{'PASSED' if self.passed else 'FAILED'}: {len(failed)} of {len(self.rows)} "
             f"statistics failed, {scenarios} scenario{'s' * (scenarios != 1)} "
             f"(false-alarm level {AUDIT_LEVEL:g} over all of them)"
         ]
-        for _, row in failed.head(SHOWN_FAILURES).iterrows():
+        collapsed = self._collapsed()
+        lines += [collapsed] if collapsed else []
+        lines += self.notes
+        for row in failed[:SHOWN_FAILURES]:
             lines.append(
                 f"- {row['scenario']}, request {row['request']}, {row['component']}: "
                 f"{row['finding']}"
             )
-            if isinstance(row["worst cell"], str) and row["worst cell"] != "none":
+            worst = _value(row, "worst cell")
+            if isinstance(worst, str) and worst != "none":
                 lines.append(
-                    f"    differs most at {row['worst cell']}: observed "
+                    f"    differs most at {worst}: observed "
                     f"{row['observed']:.4f}, exact {row['exact']:.4f}"
                 )
-            if row["statistic"] == row["statistic"]:  # not NaN
+            if _value(row, "statistic") == _value(row, "statistic"):  # not NaN
                 lines.append(
                     f"    chi-square {row['statistic']:.1f} (critical {row['critical']:.1f}), "
                     f"p-value {row['p-value']:.2g}"
                 )
         if len(failed) > SHOWN_FAILURES:
             lines.append(f"... and {len(failed) - SHOWN_FAILURES} more failed rows in .table")
+        if self.warnings:
+            count = sum(self.warnings.values())
+            lines.append(
+                f"The verifier's own code issued {count} warning{'s' * (count != 1)} "
+                f"({len(self.warnings)} distinct), not part of the verdict: .warnings lists them "
+                "(--verbose on the command line)."
+            )
         if len(lines) > 1:  # the verdict is the last line too, where a log is read from the end
             lines.append(lines[0].split(" (")[0])
         return "\n".join(lines)
@@ -423,34 +496,256 @@ def _markov_rows(verify_fn, level, rng):
 
 
 def _scenario_rows(verify_fn, scenario, level, rng, drafter):
-    """One scenario's rows, one per statistic; one row naming the fault if the output is bad."""
+    """One scenario's rows, one per statistic; one row naming the fault if the output is bad;
+    and the lines that say what drafter mode exercised."""
     try:
-        run = run_scenario if drafter is None else run_ragged
+        run = run_scenario if drafter is None else run_drafted
         result = run(verify_fn, scenario, rng, drafter)
     except Exception as error:  # the audit reports any failure of the verifier, never crashes
         result = f"raised {type(error).__name__}: {error}"
     if isinstance(result, str):
-        return [
-            {"scenario": scenario.name, "component": "output", "passed": False, "finding": result}
-        ]
+        row = {"scenario": scenario.name, "component": "output", "passed": False}
+        return [row | {"finding": result}], []
     if drafter is None:
-        return component_rows(scenario, *result, level, rng)
-    return _ragged_rows(scenario, result, level, rng)
+        return component_rows(scenario, *result, level, rng), []
+    return drafted_rows(scenario, result, level, rng), [exercised(scenario, result)]
 
 
-def _ragged_rows(scenario, by_length, level, rng):
-    """Drafter mode's rows: the scenario's statistics when every step drafted γ tokens; else
-    those of the scenario cut to each length k drawn, the scenario's share of the level split
-    evenly over the γ possible lengths (so the family-wise level holds whatever is drawn)."""
+# ---- drafter mode: drafts of any number, audited by what must hold whatever the number -------
+
+PIT_BINS = 20  # at most this many equal bins of a position's transforms, each expecting ≥ 20
+Q_TOLERANCE = 1e-3  # a drafter's q row may sum to 1 within this (float32 rows over 128k ids)
+NO_ANSWER = (None, None, None)  # _drafter_answer's drafts, q and lengths, when there is a problem
+
+
+class Drafted(NamedTuple):
+    """Drafter mode's record of a scenario, per request r and step s: the number of drafts
+    (R, n), each draft's probability integral transform under its q row (R, n, γ; NaN where
+    none was drafted), and the emitted tokens (R, n, γ + 1; −1 after the last)."""
+
+    lengths: np.ndarray
+    transforms: np.ndarray
+    emitted: np.ndarray
+
+
+def drafter_components(scenario):
+    """Drafter mode's statistics of a scenario: (request, component, position) for each."""
     gamma = scenario.gamma
-    if set(by_length) == {gamma} and by_length[gamma][0].shape[1] == scenario.steps:
-        return component_rows(scenario, *by_length[gamma], level, rng)
-    share, rows = level * len(components(scenario)) / gamma, []
-    for k, (accepted, tokens) in by_length.items():
-        name = f"{scenario.name}, steps of {k} draft{'s' * (k > 1)}"
-        cut = Scenario(name, scenario.target[:, : k + 1], scenario.draft[:, :k], accepted.shape[1])
-        rows += component_rows(cut, accepted, tokens, share / len(components(cut)), rng)
+    out = []
+    for r in range(len(scenario.target)):
+        out += [(r, f"draft at {i} against the drafter's q", i) for i in range(gamma)]
+        out += [(r, f"emitted token at {j} against p", j) for j in range(gamma + 1)]
+    return out
+
+
+def _where(request, step, position=None):
+    """'step 3 of request 1, position 2' for a message."""
+    at = f"step {step} of request {request}"
+    return at if position is None else f"{at}, position {position}"
+
+
+def _drafter_answer(answer, draft, ids, first_step):
+    """The drafter's answer read: drafts (B, γ) as int64, their q rows (B, γ, V) and lengths
+    (B,); or a problem naming the row. answer: drafts, or (drafts, q)."""
+    requests = int(ids.max()) + 1
+    batch, gamma, vocab = draft.shape
+    drafts, q = answer if isinstance(answer, tuple | list) and len(answer) == 2 else (answer, None)
+    try:
+        drafts = np.asarray(drafts)
+        q = draft if q is None else np.asarray(q)
+    except (TypeError, ValueError) as error:
+        return f"drafter returned something that is not arrays: {error}", *NO_ANSWER
+    if drafts.shape != (batch, gamma) or drafts.dtype.kind not in "iu":
+        shape = f"{drafts.shape} {drafts.dtype}"
+        return f"drafter returned drafts {shape}; need integers {(batch, gamma)}", *NO_ANSWER
+    drafts = drafts.astype(np.int64)
+    lengths = (drafts >= 0).sum(axis=1)
+    holes = (drafts >= 0) != (np.arange(gamma) < lengths[:, None])
+    if holes.any() or lengths.min() < 1:
+        b = int(np.flatnonzero(holes.any(axis=1) | (lengths < 1))[0])
+        where = _where(ids[b], first_step + b // requests)
+        return f"drafter returned −1 before a draft, or no draft, at {where}", *NO_ANSWER
+    if drafts.max() >= vocab:
+        b, i = np.argwhere(drafts >= vocab)[0]
+        where = _where(ids[b], first_step + b // requests, i)
+        return f"drafter returned token {drafts[b, i]} at {where}, outside [0, {vocab})", *NO_ANSWER
+    if q.shape != draft.shape or q.dtype.kind != "f":
+        return f"drafter returned q {q.shape} {q.dtype}; need floats {draft.shape}", *NO_ANSWER
+    drafted = np.arange(gamma) < lengths[:, None]  # (B, γ)
+    sums = q.sum(axis=2, dtype=np.float64)
+    bad = {
+        "holds NaN or infinity": ~np.isfinite(sums),
+        "has a negative entry": (q < 0).any(axis=2) & np.isfinite(sums),
+        f"sums to 1 only within {abs(sums - 1).max():.3g} (more than {Q_TOLERANCE:g})": np.abs(
+            sums - 1
+        )
+        > Q_TOLERANCE,
+    }
+    for what, rows in bad.items():
+        rows = rows & drafted
+        if rows.any():
+            b, i = np.argwhere(rows)[0]
+            return (
+                f"drafter's q row at {_where(ids[b], first_step + b // requests, i)} {what}",
+                *NO_ANSWER,
+            )
+    at = np.take_along_axis(q, np.maximum(drafts, 0)[..., None], axis=2)[..., 0]
+    if np.any(drafted & (at <= 0)):
+        b, i = np.argwhere(drafted & (at <= 0))[0]
+        where = _where(ids[b], first_step + b // requests, i)
+        return (
+            f"drafter drew token {drafts[b, i]}, which its q gives probability 0, at {where}",
+            *NO_ANSWER,
+        )
+    return None, drafts, q, lengths
+
+
+def _transforms(drafts, q, lengths, rng):
+    """Randomized probability integral transforms (B, γ) of the drafts under their q rows,
+    (F(x − 1) + u·q(x)) / Σq: exactly uniform when x is a draw from the row; NaN past a row's
+    last draft."""
+    q = np.asarray(q, np.float64)
+    x = np.maximum(drafts, 0)[..., None]
+    at = np.take_along_axis(q, x, axis=2)[..., 0]
+    below = np.take_along_axis(np.cumsum(q, axis=2), x, axis=2)[..., 0] - at
+    u = (below + rng.random(drafts.shape) * at) / q.sum(axis=2)
+    return np.where(np.arange(drafts.shape[1]) < lengths[:, None], np.clip(u, 0, 1), np.nan)
+
+
+def run_drafted(verify_fn, scenario, rng, drafter):
+    """Drafter mode on a scenario: drafter(draft_probs (B, γ, V), rng) returns the drafts
+    (B, γ), −1 after a row's last (at least one), or (drafts, q) with q (B, γ, V) the rows it
+    drew them from; q is the scenario's draft rows otherwise. The steps of each length k go to
+    verify_fn with the q rows cut to k. A Drafted record, or a problem naming the row."""
+    requests, gamma, vocab = scenario.draft.shape
+    target, draft, ids = _batches(scenario)
+    lengths = np.zeros((requests, scenario.steps), dtype=np.int64)
+    transforms = np.full((requests, scenario.steps, gamma), np.nan)
+    emitted = np.full((requests, scenario.steps, gamma + 1), -1, dtype=np.int64)
+    per_batch = len(ids) // requests
+    for start in range(0, scenario.steps, per_batch):
+        rounds = min(per_batch, scenario.steps - start)
+        b = rounds * requests
+        answer = drafter(draft[:b], rng)
+        problem, drafts, q, drawn = _drafter_answer(answer, draft[:b], ids[:b], start)
+        if problem:
+            return problem
+        out = np.full((b, gamma + 1), -1, dtype=np.int64)
+        for k in np.unique(drawn):
+            rows = slice(None) if drawn.min() == gamma else np.flatnonzero(drawn == k)
+            cut = drafts[rows, :k]
+            result = _call(verify_fn, target[:b][rows, : k + 1], q[rows, :k], cut, rng)
+            problem, _, tokens = output_problem(result, cut, vocab)
+            if problem:
+                return f"with {k} draft{'s' * (k > 1)}: {problem}"
+            out[rows, : k + 1] = tokens
+        steps = slice(start, start + rounds)
+        for name, value in (("lengths", drawn), ("emitted", out)):
+            value = value.reshape(rounds, requests, *value.shape[1:]).swapaxes(0, 1)
+            {"lengths": lengths, "emitted": emitted}[name][:, steps] = value
+        pit = _transforms(drafts, q, drawn, rng).reshape(rounds, requests, gamma)
+        transforms[:, steps] = pit.swapaxes(0, 1)
+    return Drafted(lengths, transforms, emitted)
+
+
+def _pit_test(values, level, rng):
+    """The exact chi-square test of transforms (n,) against the uniform law, over equal bins
+    (at most PIT_BINS, each expecting ≥ MIN_EXPECTED): a dict for the audit's table."""
+    n = len(values)
+    bins = int(np.clip(n // MIN_EXPECTED, 2, PIT_BINS))
+    counts = np.bincount(np.minimum((values * bins).astype(int), bins - 1), minlength=bins)
+    law = np.full(bins, 1 / bins)
+    worst = int(np.argmax(np.abs(counts / n - law)))
+    stat = float(exact_chi_square(counts, law, rng.random(bins - 1)))
+    p_value, critical = float(stats.chi2.sf(stat, bins - 1)), float(stats.chi2.isf(level, bins - 1))
+    passed = p_value >= level
+    return {
+        "draws": n,
+        "worst cell": f"transform in [{worst / bins:.2f}, {(worst + 1) / bins:.2f})",
+        "observed": float(counts[worst] / n),
+        "exact": float(law[worst]),
+        "statistic": stat,
+        "critical": critical,
+        "p-value": p_value,
+        "passed": passed,
+        "finding": "drafts match the q returned"
+        if passed
+        else "drafts are not draws from the q the drafter returned (their transforms are not "
+        "uniform)",
+        "sized for TV": float(np.sqrt(noncentrality_needed(bins - 1, level, POWER) / (4 * n))),
+    }
+
+
+NOT_REACHED = "not exercised: no step reached this position"
+
+
+def drafted_rows(scenario, record, level, rng):
+    """Drafter mode's rows: per request, each draft position's transforms against the uniform
+    law, and each position's emitted tokens against p there (a position never reached passes,
+    and says so). Both hold whatever decides the number of drafts, as long as the decision at
+    a position depends only on the tokens before it."""
+    p = _law_rows(scenario.target)
+    rows = []
+    for r, component, at in drafter_components(scenario):
+        row = {"scenario": scenario.name, "request": r, "component": component}
+        if component.startswith("draft"):
+            values = record.transforms[r, :, at]
+            values = values[~np.isnan(values)]
+        else:
+            values = record.emitted[r, :, at]
+            values = values[values >= 0]
+        if not len(values):
+            rows.append(row | {"draws": 0, "passed": True, "finding": NOT_REACHED})
+        elif component.startswith("draft"):
+            rows.append(row | _pit_test(values, level, rng))
+        else:
+            cells = Cells(p[r, at], len(values))
+            test = pearson_test(cells, values, level, rng)
+            test["sized for TV"] = sized_tv(cells, len(values), level)
+            rows.append(row | test)
     return rows
+
+
+def exercised(scenario, record):
+    """A line saying how many steps drafted each number of tokens, and what was never reached."""
+    gamma = scenario.gamma
+    counts = np.bincount(record.lengths.ravel(), minlength=gamma + 1)[1:]
+    said = "; ".join(f"{k} → {n:,}" for k, n in enumerate(counts, 1))
+    line = f"  Drafter mode, {scenario.name}: steps by number of drafts: {said}"
+    never = [k for k, n in enumerate(counts, 1) if n == 0]
+    if never:
+        line += f"; never {', '.join(map(str, never))} draft{'s' * (never != [1])}"
+        unreached = int((record.lengths.max(axis=1) < gamma).sum())
+        line += f" (draft positions beyond the longest run not audited, in {unreached} request"
+        line += f"{'s' * (unreached != 1)})"
+    return line
+
+
+@functools.cache
+def confidence_scenario(steps=2_000):
+    """Two requests of Zipf rows over V = 16, γ = 3, the draft near the target: a drafter that
+    stops below confidence 0.08 drafts 1, 2 and 3 tokens, each in a good share of the steps."""
+    rng = np.random.default_rng(AUDIT_SEED + 4)
+    target = _zipf(rng, (2, 4, 16), 1.0)
+    return Scenario("Zipf rows, V = 16, γ = 3", target, _drafter_of(rng, target[:, :3], 0.5), steps)
+
+
+def drafter_mode_rates(drafter, scenario, runs, seed=0, verify_fn=None):
+    """The share of `runs` seeded audits in drafter mode (drafter with verify_fn, the book's
+    verify by default) that fail, run in this process (no child): the false-alarm rate of a
+    correct drafter, or the power against a broken one. (failures, runs)."""
+    from .verify import verify
+
+    verify_fn = verify if verify_fn is None else verify_fn
+    level = AUDIT_LEVEL / len(drafter_components(scenario))
+    failures = 0
+    for run in range(runs):
+        rng = np.random.default_rng([seed, run])
+        record = run_drafted(verify_fn, scenario, rng, drafter)
+        failed = isinstance(record, str)
+        failed = failed or not all(r["passed"] for r in drafted_rows(scenario, record, level, rng))
+        failures += failed
+    return failures, runs
 
 
 SUITES = ("small", "engine")
@@ -472,27 +767,36 @@ def _chosen(suite, scenarios, drafter):
     return engine_scenarios()
 
 
-def _sandboxed(verify_fn, drafter, timeout):
+def _sandboxed(verify_fn, drafter, timeout, threads):
     """The sandbox that runs verify_fn and drafter in a child process, and their stand-ins."""
     if isinstance(verify_fn, Remote):  # already held by a child (the command line's)
-        return None, verify_fn, drafter
+        return verify_fn.sandbox, verify_fn, drafter
     if not isinstance(timeout, int | float) or isinstance(timeout, bool) or not timeout > 0:
         raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
-    sandbox = Sandbox(lambda: {"verifier": verify_fn, "drafter": drafter}, timeout)
+    functions = {"verifier": verify_fn, "drafter": drafter}
+    sandbox = Sandbox(lambda: functions, timeout, threads=threads)
     return sandbox, sandbox.function("verifier"), drafter and sandbox.function("drafter")
 
 
-def _plain_faults(table):
-    """Findings of a failed child process read as what happened, not as a raised exception."""
-    prefix = f"raised {Fault.__name__}: "
-    table["finding"] = [
-        f.replace(prefix, "") if isinstance(f, str) else f for f in table["finding"]
-    ]
-    return table
+def planned_statistics(suite="small", scenarios=None, drafter=False):
+    """{scenario name: statistics planned}: what a run of the suite (or scenarios) tests."""
+    if scenarios is None and suite == "small":
+        return {s.name: 1 + len(_directions(i)) for i, s in enumerate(audit_scenarios())}
+    count = drafter_components if drafter else components
+    planned = {}
+    for scenario in engine_scenarios() if scenarios is None else scenarios:
+        planned[scenario.name] = planned.get(scenario.name, 0) + len(count(scenario))
+    return planned
 
 
 def audit_verifier(
-    verify_fn, suite="small", scenarios=None, seed=0, drafter=None, timeout=AUDIT_TIMEOUT
+    verify_fn,
+    suite="small",
+    scenarios=None,
+    seed=0,
+    drafter=None,
+    timeout=AUDIT_TIMEOUT,
+    threads=THREADS,
 ):
     """Run verify_fn on a suite's scenarios and test the law of what it emits (AuditReport).
 
@@ -500,10 +804,12 @@ def audit_verifier(
     verifier fails the audit with probability ≤ AUDIT_LEVEL. Small suite: a completed law off by
     TV ≥ AUDIT_TV in a scenario fails w.p. ≥ AUDIT_POWER (noncentral chi-square, Cauchy–Schwarz).
     Engine suite: each row states the TV over its cells that it catches w.p. ≥ 0.99.
-    With drafter(draft_probs, rng) -> tokens (B, γ), the drafts come from it (end to end); a
-    row may end in −1 after fewer drafts, and each length drawn is then tested on its own.
-    verify_fn and drafter run in a child process (harness.Sandbox), which may take `timeout`
-    seconds in all; one that hangs, exits, is killed or runs out of memory fails its scenario.
+    With drafter(draft_probs, rng) -> drafts (B, γ), or (drafts, q): the drafts come from it
+    (end to end), a row may end in −1 after fewer drafts, and drafter mode's statistics are
+    tested (run_drafted, drafted_rows). verify_fn and drafter run in a child process
+    (harness.Sandbox) on `threads` threads (0: as their libraries set them), which may take
+    `timeout` seconds in all; one that hangs, exits, is killed or runs out of memory fails its
+    scenario.
     """
     if not callable(verify_fn):
         raise TypeError(f"verify_fn must be callable, got {type(verify_fn).__name__}")
@@ -511,18 +817,21 @@ def audit_verifier(
         raise TypeError(f"drafter must be callable, got {type(drafter).__name__}")
     _check_count(seed, "seed")
     chosen = _chosen(suite, scenarios, drafter)
-    sandbox, verify_fn, drafter = _sandboxed(verify_fn, drafter, timeout)
+    own = not isinstance(verify_fn, Remote)  # else the command line's child, closed there
+    sandbox, verify_fn, drafter = _sandboxed(verify_fn, drafter, timeout, threads)
     rng = np.random.default_rng(seed)
+    planned = planned_statistics(suite, chosen, drafter is not None)
+    notes = []
     if chosen is None:
         rows = _markov_rows(verify_fn, AUDIT_LEVEL / small_statistics(), rng)
     else:
-        level = AUDIT_LEVEL / sum(len(components(s)) for s in chosen)
-        rows = [row for s in chosen for row in _scenario_rows(verify_fn, s, level, rng, drafter)]
-    if sandbox is not None:
+        level, rows = AUDIT_LEVEL / sum(planned.values()), []
+        for scenario in chosen:
+            more, said = _scenario_rows(verify_fn, scenario, level, rng, drafter)
+            rows, notes = rows + more, notes + said
+    if own:
         sandbox.close()
-    table = _plain_faults(pd.DataFrame(rows, columns=COLUMNS))
-    table["request"] = table["request"].fillna(0).astype(int)
-    return AuditReport(bool(table["passed"].all()), table)
+    return AuditReport(rows, planned, notes, sandbox.warnings)
 
 
 # ---- what a run can see, and how often an exact verifier fails one ----------------------------
@@ -532,7 +841,7 @@ def detectable(report):
     """What the run behind report could see, in one line per suite: its sizing, from the table."""
     table = report.table
     small = table[table["component"] == SMALL_COMPONENT]
-    toward = table["component"].str.startswith("direction of", na=False)
+    toward = table["component"].str.startswith(DIRECTION, na=False)
     bugs = table[toward]["sized for TV"].dropna()
     engine = table[(table["component"] != SMALL_COMPONENT) & ~toward]["sized for TV"].dropna()
     lines = []
@@ -544,8 +853,9 @@ def detectable(report):
         )
     if len(bugs):
         lines.append(
-            f"Sized to see: along {len(bugs)} directions of known bugs, a verifier that follows "
-            f"the bug's law some of the time, from TV {bugs.median():.2g} (median; "
+            f"Sized to see: along {len(bugs)} fixed directions (each the move of a known bug), "
+            f"a verifier that follows that law some of the time, from TV {bugs.median():.2g} "
+            "(median; "
             f"{bugs.min():.2g} to {bugs.max():.2g}), w.p. ≥ {AUDIT_POWER:g}."
         )
     if len(engine):

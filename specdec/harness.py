@@ -9,15 +9,22 @@ seconds the functions may take in all, over the whole audit.
 
 Large arrays travel through anonymous shared memory (`os.memfd_create`, Linux; pickled through
 the pipe elsewhere): a read-only array (a scenario's batch, handed over slice by slice) is
-copied once and then shared, and arrives read-only; a writable one is copied for each call and
-arrives writable. A numpy Generator argument travels by value and its state comes back, so the
-parent's stream advances exactly as in one process, and the results are those of one process.
-The child's private writable memory is capped (Linux: RLIMIT_DATA; elsewhere the address
-space, RLIMIT_AS) at the machine's physical memory beyond what it holds at the fork, so a
-verifier that asks for more gets a MemoryError, not the kernel's out-of-memory killer (whose
-SIGKILL is reported as such if it comes anyway). Address space only reserved (CUDA's, or weights
-mapped from a file) does not count, as it would under RLIMIT_AS. Needs the fork start method:
-Linux or macOS.
+copied once and then shared, and arrives read-only (numpy refuses a write into it; a library
+that writes through its raw pointer is killed by SIGSEGV, and the finding says so); a writable
+one is copied for each call and arrives writable. A numpy Generator argument travels by value
+and its state comes back, so the parent's stream advances exactly as in one process, and the
+results are those of one process. The child's private writable memory is capped (Linux:
+RLIMIT_DATA; elsewhere the address space, RLIMIT_AS) at the machine's physical memory beyond
+what it holds at the fork, so a verifier that asks for more gets a MemoryError, not the kernel's
+out-of-memory killer (whose SIGKILL is reported as such if it comes anyway). Address space only
+reserved (CUDA's, or weights mapped from a file) does not count, as it would under RLIMIT_AS.
+
+The child runs on `threads` threads (1 by default): before the functions are loaded it sets the
+thread counts of OpenMP and the BLAS libraries in its environment (THREAD_VARIABLES), and after,
+torch's intra-op and inter-op threads in any torch module loaded. One sequence at a time gains
+nothing from more threads on a shared machine: they only fight each other and the parent.
+Warnings the functions issue are recorded in the child and counted apart from any verdict.
+Needs the fork start method: Linux or macOS.
 """
 
 import builtins
@@ -28,6 +35,9 @@ import resource
 import signal
 import sys
 import time
+import types
+import warnings
+from collections import Counter
 from multiprocessing.reduction import recv_handle, send_handle
 
 import numpy as np
@@ -35,6 +45,15 @@ import numpy as np
 AUDIT_TIMEOUT = 3600.0  # seconds the audited functions may take in all, over one audit
 SHARE_BYTES = 1 << 20  # arrays of at least this size go through shared memory
 SHARED_MAX = 1 << 31  # read-only arrays kept shared at once (oldest dropped first)
+THREADS = 1  # threads of the child's OpenMP, BLAS and torch, unless asked otherwise
+THREAD_VARIABLES = (  # read by OpenMP, OpenBLAS, MKL, Accelerate, BLIS and numexpr at their start
+    "OMP_NUM_THREADS",
+    "OPENBLAS_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "VECLIB_MAXIMUM_THREADS",
+    "BLIS_NUM_THREADS",
+    "NUMEXPR_NUM_THREADS",
+)
 
 
 def _physical_memory():
@@ -77,7 +96,13 @@ def _death(exitcode, label, when="before answering"):
         return f"{label}'s process stopped answering {when}"
     if exitcode < 0:
         name = _signal_name(-exitcode)
-        note = " (the kernel's out-of-memory killer sends it too)" if name == "SIGKILL" else ""
+        note = {
+            "SIGKILL": " (the kernel's out-of-memory killer sends it too)",
+            "SIGSEGV": " (a segmentation fault: the function, or a library it calls, touched "
+            "memory it may not; writing into a read-only input row through a raw pointer, as "
+            "torch.from_numpy gives, does this: copy the rows first, or use an adapter, which "
+            "hands torch private copies)",
+        }.get(name, "")
         return f"{label}'s process was killed by {name}{note} {when}"
     return f"{label}'s process exited with code {exitcode} {when}"
 
@@ -119,6 +144,71 @@ def _cap_memory():
         resource.setrlimit(MEMORY_LIMIT, (limit, hard))
 
 
+def _code_of(fn):
+    """The Python function behind fn: through an adapter's `engine_function`, partials, bound
+    methods and callable objects (an nn.Module through its forward); None if there is none."""
+    for _ in range(8):
+        fn = getattr(fn, "engine_function", fn)  # the engine's function an adapter wraps
+        fn = getattr(fn, "func", fn)  # functools.partial
+        fn = getattr(fn, "__func__", fn)  # a bound method
+        if isinstance(fn, types.FunctionType) and not hasattr(fn, "engine_function"):
+            return fn
+        if not callable(fn):
+            break
+        if not isinstance(fn, types.FunctionType):
+            forward = getattr(type(fn), "forward", None)  # an nn.Module is called through forward
+            fn = forward if forward is not None else type(fn).__call__
+    return None
+
+
+def _torch_of(fn):
+    """The module bound to the name `torch` in the globals of fn's code, or None."""
+    code = _code_of(fn)
+    module = code.__globals__.get("torch") if code is not None else None
+    return module if isinstance(module, types.ModuleType) else None
+
+
+def _pin_environment(threads):
+    """Set OpenMP's and the BLAS libraries' thread counts in this process's environment (read
+    by libraries loaded from now on), and numpy's BLAS through threadpoolctl where installed."""
+    if not threads:
+        return
+    os.environ.update(dict.fromkeys(THREAD_VARIABLES, str(threads)))
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:  # not needed by the audit: numpy's own loops use no BLAS threads
+        return
+    threadpool_limits(threads)
+
+
+def _pin_torch(threads, functions):
+    """Set torch's intra-op and inter-op threads in every torch module the functions use (and
+    `torch` itself if loaded); a sentence saying what was set, or '' if no torch was loaded."""
+    modules = {id(m): m for m in [sys.modules.get("torch")] + [_torch_of(f) for f in functions]}
+    modules = [m for m in modules.values() if hasattr(m, "set_num_threads")]
+    if not modules or not threads:
+        return ""
+    said = []
+    for module in modules:
+        module.set_num_threads(threads)
+        try:
+            module.set_num_interop_threads(threads)
+            inter = f"{module.get_num_interop_threads()} inter-op"
+        except (AttributeError, RuntimeError) as error:  # parallel work has already started
+            inter = f"inter-op threads left as they were ({error})"
+        said.append(f"{module.__name__} on {module.get_num_threads()} intra-op, {inter}")
+    return "; ".join(said)
+
+
+def _warned(caught):
+    """Warnings recorded by catch_warnings, {'Category: message (file:line)': count}."""
+    seen = Counter(
+        f"{w.category.__name__}: {w.message} ({os.path.basename(w.filename)}:{w.lineno})"
+        for w in caught
+    )
+    return dict(seen)
+
+
 def _unpacked(conn, message, segments):
     """The call's arguments from their descriptions; arrays mapped from shared memory."""
     for dropped in message["drop"]:
@@ -158,22 +248,26 @@ def _portable(result):
     return tuple(parts)
 
 
-def _serve(conn, load, parent_end):
+def _serve(conn, load, parent_end, threads=THREADS):
     """The child: load the functions, then run each request and send back what happened.
 
     parent_end, the parent's end of the pipe that the fork copied, is closed first: otherwise
     this process holds both ends, never sees the parent die, and outlives it, memory and all."""
     parent_end.close()
     _cap_memory()
-    try:
-        functions = load()
-    except Exception as error:
-        conn.send(("load failed", f"raised {type(error).__name__}: {error}"))
-        return
-    except BaseException as error:  # sys.exit at import
-        conn.send(("load failed", _base_exception(error)))
-        return
-    conn.send(("ready",))
+    _pin_environment(threads)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            functions = load()
+            pinned = _pin_torch(threads, [f for f in functions.values() if f is not None])
+        except Exception as error:
+            conn.send(("load failed", f"raised {type(error).__name__}: {error}"))
+            return
+        except BaseException as error:  # sys.exit at import
+            conn.send(("load failed", _base_exception(error)))
+            return
+    conn.send(("ready", pinned, _warned(caught)))
     segments = {}
     while True:
         try:
@@ -185,20 +279,23 @@ def _serve(conn, load, parent_end):
         name, message = request
         args = _unpacked(conn, message, segments)
         clock, wall = time.thread_time(), time.perf_counter()
-        try:
-            reply = ("ok", _portable(functions[name](*args)))
-        except Exception as error:
-            plain = all(isinstance(a, str | int | float | bool | None) for a in error.args)
-            reply = ("raised", type(error).__name__, error.args if plain else (str(error),))
-        except BaseException as error:  # SystemExit, KeyboardInterrupt: not an answer
-            reply = ("base", _base_exception(error))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                reply = ("ok", _portable(functions[name](*args)))
+            except Exception as error:
+                plain = all(isinstance(a, str | int | float | bool | None) for a in error.args)
+                reply = ("raised", type(error).__name__, error.args if plain else (str(error),))
+            except BaseException as error:  # SystemExit, KeyboardInterrupt: not an answer
+                reply = ("base", _base_exception(error))
         cost = (time.thread_time() - clock, time.perf_counter() - wall)
         states = [a.bit_generator.state for a in args if isinstance(a, np.random.Generator)]
         del args
         try:
-            conn.send((*reply, cost, states))
+            conn.send((*reply, cost, states, _warned(caught)))
         except Exception as error:  # pickling failed before anything was written
-            conn.send(("unsendable", type(reply[1]).__name__, str(error), cost, states))
+            said = ("unsendable", type(reply[1]).__name__, str(error))
+            conn.send((*said, cost, states, _warned(caught)))
 
 
 # ---- the parent --------------------------------------------------------------------------------
@@ -225,11 +322,17 @@ class Sandbox:
     """Functions held by a forked child: call(name, *args) runs functions()[name] there.
 
     load() runs in the child and returns {name: callable}; timeout is the seconds all calls may
-    take together (AUDIT_TIMEOUT by default). Use it as a context manager, or call close().
+    take together (AUDIT_TIMEOUT by default); threads: the child's OpenMP, BLAS and torch
+    threads (0 leaves them as the libraries set them). Use it as a context manager, or call
+    close(). After start(), `pinned` says what torch threads were set, and `warnings` counts
+    the warnings the functions issued, {text: count}.
     """
 
-    def __init__(self, load, timeout=AUDIT_TIMEOUT, label="the audited code"):
+    def __init__(self, load, timeout=AUDIT_TIMEOUT, label="the audited code", threads=THREADS):
         self.load, self.timeout, self.label = load, float(timeout), label
+        if not isinstance(threads, int) or isinstance(threads, bool) or threads < 0:
+            raise ValueError(f"threads must be an integer >= 0, got {threads!r}")
+        self.threads, self.pinned, self.warnings = threads, "", Counter()
         self.cap = 0  # the child's memory cap, in bytes
         self.spent = 0.0  # wall seconds the child has taken, in calls and loads
         self.calls, self.cpu, self.inside = 0, 0.0, 0.0  # calls; their CPU and wall inside fn
@@ -260,7 +363,10 @@ class Sandbox:
         self.conn, child = context.Pipe()
         self.cap = _memory_cap()
         self.process = context.Process(
-            target=_serve, args=(child, self.load, self.conn), name="audited", daemon=True
+            target=_serve,
+            args=(child, self.load, self.conn, self.threads),
+            name="audited",
+            daemon=True,
         )
         self.process.start()
         child.close()
@@ -271,6 +377,8 @@ class Sandbox:
         if answer[0] != "ready":
             self._stop()
             raise LoadFailed(answer[1])
+        self.pinned = answer[1]
+        self.warnings.update(answer[2])
 
     def call(self, name, *args):
         """Run functions()[name](*args) in the child; its result, or the exception it raised."""
@@ -288,7 +396,8 @@ class Sandbox:
                 if fd not in (entry[2] for entry in self.shared.values()):
                     os.close(fd)
         label = f"the {name}"
-        kind, *rest, cost, states = self._receive(label)
+        kind, *rest, cost, states, warned = self._receive(label)
+        self.warnings.update(warned)
         self.calls, self.wall = self.calls + 1, self.wall + time.perf_counter() - began
         self.cpu, self.inside = self.cpu + cost[0], self.inside + cost[1]
         for arg, state in zip((a for a in args if isinstance(a, np.random.Generator)), states):

@@ -4,7 +4,8 @@
 interface; `greedy_target_verifier` verifies against the target's argmax. `loop_verify` is a
 correct verifier written position by position, with hooks where `ENGINE_BUGS` plant the bugs
 that show only at engine scale. `sample_drafter` drafts with fresh noise for the end-to-end
-mode, and `reusing_drafter` shares its noise with the verifier.
+mode, `reusing_drafter` shares its noise with the verifier, `confidence_drafter` stops early as
+transformers 4.45 does (correct), and `greedy_assistant_drafter` is transformers 4.44.2's bug.
 """
 
 import numpy as np
@@ -124,3 +125,27 @@ def reusing_drafter(draft_probs, rng):
     drafts = sample_drafter(draft_probs, rng)
     rng.bit_generator.state = state  # the bug: noise shared between drafter and verifier
     return drafts
+
+
+def confidence_drafter(threshold):
+    """A drafter that stops once it drafts a token its q gives less than threshold, as
+    transformers 4.45's `assistant_confidence_threshold` (ConfidenceCriteria) does: drafts
+    (B, γ) with −1 after each row's stop, and the q rows it drew from. Correct: the number of
+    drafts depends on the drafted tokens, never on the verifier's uniforms."""
+
+    def drafter(draft_probs, rng):
+        """sample_drafter's drafts, cut after the first with q(x) < threshold."""
+        q = np.asarray(draft_probs, float)
+        drafts = sample_drafter(q, rng)
+        low = np.take_along_axis(q, drafts[..., None], axis=2)[..., 0] < threshold  # (B, γ)
+        stopped = np.cumsum(low, axis=1) - low > 0  # a low-confidence draft came before
+        return np.where(stopped, -1, drafts), draft_probs
+
+    drafter.__name__ = drafter.__qualname__ = f"confidence_drafter({threshold:g})"
+    return drafter
+
+
+def greedy_assistant_drafter(draft_probs, rng):
+    """transformers 4.44.2's bug (issue 32867): the assistant drafts its argmax, but reports
+    its softmax as q, so the ratio p(x)/q(x) is taken for a token q did not sample."""
+    return np.asarray(draft_probs).argmax(axis=2), draft_probs

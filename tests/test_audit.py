@@ -233,12 +233,12 @@ def test_each_small_statistic_rejects_an_exact_verifier_at_its_level():
     band = 4 * np.sqrt(level * (1 - level) / runs)
     for name, (stat, critical, *_) in tests.items():
         assert abs((stat > critical).mean() - level) < band, name
-    gap = audit._directions(0)["direction of correction from p"]
+    gap = audit._directions(0)[audit.DIRECTION_NAMES["correction from p"]]
     moved = np.zeros(law.size)
     moved[law > 0] = law[law > 0] + gap / 2
     n = int(audit._null_counts(0, level, rng).sum())
     counts = rng.multinomial(n, moved, size=runs)
-    stat, critical, *_ = audit._small_tests(0, counts, level, rng)["direction of correction from p"]
+    stat, critical, *_ = audit._small_tests(0, counts, level, rng)[audit.DIRECTION_NAMES["correction from p"]]
     assert (stat > critical).mean() > level + 10 * band / 4
 
 
@@ -253,7 +253,7 @@ def test_a_bug_on_some_requests_is_caught_along_its_direction():
         law = sc.scenario_law(scenario)
         n, _ = sc.audit_draws(law, level)
         cell, cell_law = _pooled_cells(law, n)
-        gap = audit._directions(i).get("direction of correction from p")
+        gap = audit._directions(i).get(audit.DIRECTION_NAMES["correction from p"])
         if gap is None:
             continue
         gap = np.bincount(cell[law > 0], weights=gap, minlength=cell_law.size)
@@ -280,7 +280,7 @@ def test_a_bug_on_some_requests_is_caught_along_its_direction():
 
     table = sc.audit_verifier(sometimes(0.3), seed=1).table
     mine = table[(table["scenario"] == sc.audit_scenarios()[best].name)]
-    assert not mine[mine["component"] == "direction of correction from p"]["passed"].all()
+    assert not mine[mine["component"] == audit.DIRECTION_NAMES["correction from p"]]["passed"].all()
     assert sc.audit_verifier(sometimes(0.03), seed=1).passed
 
 
