@@ -41,7 +41,7 @@ from .pair import BETA_SHOWN, heldout_betas, load_pair, plot_beta_histograms
 from .pipelines import DETECT_LEVEL, DETECT_POWER, bug_rows
 from .rule import _residual_weights, trace_run
 from .stats import noise_reference
-from .style import OKABE_ITO, _legend_on_top, _series, new_figure
+from .style import OKABE_ITO, _legend_on_top, _series, new_figure, number
 from .theory import (
     alpha_exact,
     alpha_of,
@@ -115,7 +115,10 @@ def plot_residuals(comparison, title):
     ax.plot(x[~inside], gap[~inside], "X", color=OKABE_ITO[3], markersize=9, label="outside")
     ax.set_xticks(x, [show_token(s) for s in comparison.labels])
     ax.set(xlabel="token x", ylabel="(frequency − p) × 1000", title=title)
-    _legend_on_top(ax, ncol=3)
+    # below the token axis, clear of the data and of the y ticks (on a phone, a legend inside
+    # the axes sat on the top tick's label)
+    ax.legend(ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.2), handlelength=1.2,
+              columnspacing=1.0)  # fmt: skip
     return fig
 
 
@@ -172,19 +175,26 @@ def plot_loop(step=None):
     kinds = [kind for _, kind in step.boxes]
     last = "bonus" if step.accepted == len(step.draft) else "resampled"
     emitted = ["accepted"] * step.accepted + [last]
-    rows = (0, 1.35, 2.7)  # the draft, the tests, what comes out
-    fig, ax = new_figure(figsize=(4.8, 3.5))  # narrow: it reads at a phone's width
+    rows = (0, 1.35, 3.2)  # the draft, the tests, what comes out
+    fig, ax = new_figure(figsize=(4.8, 4.1))  # narrow: it reads at a phone's width
 
     def box(col, row, token, kind, note=""):
         _token_box(ax, col, row, token, kind, height=0.76)
         if note:
-            ax.text(col + 0.5, row + 0.58, note, ha="center", va="center", fontsize=12)
+            ax.text(col + 0.5, row + 0.4, note, ha="center", va="top", fontsize=12)
 
     for col, token in enumerate(step.draft):
         box(col, rows[0], token, "not tested")
     for col, (token, kind) in enumerate(zip(step.draft, kinds)):
         ran = col < len(step.uniforms)
-        note = f"{'✓' if kind == 'accepted' else '✗'} {step.ratios[col]:.2f}" if ran else ""
+        # each test draws a uniform r and keeps the draft when r < min(1, p/q)
+        kept = kind == "accepted"
+        note = (
+            f"r {step.uniforms[col]:.2f}\n{'<' if kept else '≥'} {step.ratios[col]:.2f}"
+            f"\n{'✓' if kept else '✗'}"
+            if ran
+            else ""
+        )
         box(col, rows[1], token, kind if ran else "not tested", note)
     for col, (token, kind) in enumerate(zip(step.tokens, emitted)):
         box(col, rows[2], token, kind)
@@ -193,13 +203,13 @@ def plot_loop(step=None):
         "", xy=(right, rows[0]), xytext=(right, rows[2]), arrowprops={
             "arrowstyle": "->", "connectionstyle": "arc3,rad=0.45", "linewidth": 1.8},
     )  # fmt: skip
-    ax.text(right + 0.75, rows[1], "repeat\nfrom\nthe last\ntoken", va="center", fontsize=12)
+    ax.text(right + 1.0, rows[1], "repeat\nfrom\nthe last\ntoken", va="center", fontsize=12)
     ax.set(xlim=(0, len(step.draft) + 2.1), ylim=(rows[2] + 0.5, rows[0] - 0.5))
     ax.set_xticks([])
     ax.set_yticks(rows, ["q drafts", "p checks", "emitted"])
     ax.grid(False)
     ax.spines[["left", "bottom"]].set_visible(False)
-    ax.set(xlabel="✓ kept, ✗ rejected; shown: min(1, p/q)", ylabel="stage")
+    ax.set(xlabel="kept (✓) when a uniform r < min(1, p/q)", ylabel="stage")
     ax.set_title(f"One step, γ = {len(step.draft)}: draft, verify, keep or resample")
     return fig
 
@@ -552,8 +562,9 @@ def widget_panel():
 
 
 def plot_bug_power(rows):
-    """Each bug's exact TV (top) and the draws a chi-square test needs (bottom), log scales."""
-    fig, (top, bottom) = new_figure(nrows=2, figsize=(5.0, 7.8))
+    """Each bug's exact TV (top, a linear axis: TV lies in [0, 1], and each point carries its
+    value) and the draws a chi-square test needs (bottom, a log axis)."""
+    fig, (top, bottom) = new_figure(nrows=2, figsize=(5.0, 8.2))
     rows = sorted(rows, key=lambda r: r["TV"])
     y = np.arange(len(rows))
     chi = np.array([r["caught by"] == "chi-square" for r in rows])
@@ -567,7 +578,8 @@ def plot_bug_power(rows):
         ),
     ):
         values = np.array([r[key] for r in rows])
-        ax.hlines(y, values.min() / 3, values, color="0.8", linewidth=1)
+        start = 0.0 if ax is top else values.min() / 3
+        ax.hlines(y, start, values, color="0.8", linewidth=1)
         ax.scatter(values[chi], y[chi], marker="o", s=60, label="caught by chi-square")
         ax.scatter(
             values[~chi],
@@ -577,8 +589,16 @@ def plot_bug_power(rows):
             color=OKABE_ITO[3],
             label="caught by a forbidden outcome",
         )
-        ax.set(xscale="log", xlabel=label, ylabel="bug", title=title)
+        ax.set(xlabel=label, ylabel="bug", title=title)
         ax.set_yticks(y, [r["bug"] for r in rows])
+    for value, row in zip((r["TV"] for r in rows), y):  # each TV written beside its point
+        right = value > 0.75
+        top.annotate(
+            number(value), (value, row), xytext=(-8 if right else 8, 0), textcoords="offset points",
+            ha="right" if right else "left", va="center", fontsize=12,
+        )  # fmt: skip
+    top.set_xlim(0, 1.05)
+    bottom.set_xscale("log")
     bottom.legend(loc="upper center", bbox_to_anchor=(0.35, -0.22), ncol=1)
     fig.tight_layout()
     return fig

@@ -702,8 +702,9 @@ def passage_html(text, kinds):
         return f'<span style="{style}" title="{label}">{ch}</span>'
 
     body = "".join(span(ch, kind) for ch, kind in zip(text, kinds))
-    key = " · ".join(
-        span(label, kind)
+    chip = "font-family:monospace;border:1px solid #bbb;border-radius:3px;padding:0 0.3em"
+    key = " · ".join(  # a sample of each style in a box, then its name in plain text: no link
+        f'<span style="{chip}">{span("abc", kind)}</span> {label}'
         for kind, (label, _, _) in PASSAGE_STYLE.items()
         if kind in set(kinds.tolist())
     )

@@ -131,11 +131,12 @@ def times_ten(x, digits=2, sep=" "):
     return f"{mantissa}{sep}×{sep}{power_of_ten(exponent)}".replace("-", "−")
 
 
-def table(frame, caption, formats=None, digits=3):
+def table(frame, caption, formats=None, digits=3, lead=()):
     """A data frame as a table for people: a caption, named columns, no pandas index (a named
     index becomes ordinary columns; a bare 0…N index is dropped), and numbers through `number`
-    (or `formats`, a dict of column → format string or function). Returns a pandas Styler with a
-    fixed id, so two builds write the same HTML."""
+    (or `formats`, a dict of column → format string or function). `lead` names the columns the
+    prose cites, moved beside the first (label) column, which a phone keeps pinned while the rest
+    scrolls. Returns a pandas Styler with a fixed id, so two builds write the same HTML."""
     import hashlib
 
     import pandas as pd
@@ -152,6 +153,11 @@ def table(frame, caption, formats=None, digits=3):
     unknown = set(formats or {}) - set(frame.columns)
     if unknown:
         raise ValueError(f"formats names columns the table does not have: {sorted(unknown)}")
+    if isinstance(lead, str) or set(lead) - set(frame.columns):
+        raise ValueError(f"lead must list columns of the table, got {lead!r}")
+    label = frame.columns[0]
+    moved = [c for c in lead if c != label]
+    frame = frame[[label, *moved, *(c for c in frame.columns[1:] if c not in moved)]]
     shown = {c: (lambda x, d=digits: number(x, d)) for c in frame.columns}
     shown.update(formats or {})
     uuid = hashlib.sha256((caption + "|".join(frame.columns)).encode()).hexdigest()[:8]

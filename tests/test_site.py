@@ -962,3 +962,295 @@ def test_book_js_right_aligns_the_numeric_columns_of_a_table(browser, tmp_path):
         "speedup": True,
         "test": False,
     }, aligned
+
+
+# ---- issue 36: every column the prose cites in sight, search with context, downloads -------
+
+# Every table of the main text, dropdowns open: its drawn width; the width of the box it sits
+# in (the nearest box that scrolls sideways, else the page's column); and, for a table wider
+# than that box, whether its first column stays put: with the box scrolled to its end, the first
+# cell of the header and of every body row still starts at the box's left edge, is the element
+# drawn at its middle, and paints an opaque background (so no scrolled cell shows through),
+# checked on the rows drawn in the middle of the screen.
+TABLES = """() => {
+    const scroller = e => ['auto', 'scroll'].includes(getComputedStyle(e).overflowX);
+    const column = document.querySelector('main article') || document.querySelector('main');
+    const opaque = c => /^rgb\\(|, 1\\)$/.test(getComputedStyle(c).backgroundColor);
+    document.querySelectorAll('main details').forEach(d => { d.open = true; });
+    const found = [];
+    for (const t of document.querySelectorAll('main table')) {
+        if (!t.checkVisibility()) continue;
+        let box = t.parentElement;
+        while (box && box !== column && box !== document.body && !scroller(box))
+            box = box.parentElement;
+        const width = t.getBoundingClientRect().width;
+        let pinned = null;
+        if (width > box.clientWidth + 1) {
+            // elementFromPoint sees only the screen, below the theme's sticky header: the rows
+            // drawn in the middle of the screen are checked
+            t.scrollIntoView({block: 'center'});
+            box.scrollLeft = box.scrollWidth;
+            const left = box.getBoundingClientRect().left;
+            const inView = c => {
+                const r = c.getBoundingClientRect();
+                return r.top > 0.2 * innerHeight && r.bottom < 0.8 * innerHeight;
+            };
+            const firsts = [...t.rows].map(r => r.cells[0]).filter(c => c && inView(c));
+            pinned = firsts.length > 0 && firsts.every(c => {
+                const r = c.getBoundingClientRect();
+                const hit = document.elementFromPoint(r.left + r.width / 2, r.top + r.height / 2);
+                return r.left >= left - 1 && hit !== null && c.contains(hit) && opaque(c);
+            });
+            box.scrollLeft = 0;
+        }
+        const caption = t.querySelector('caption');
+        found.push({table: (caption || t).textContent.trim().slice(0, 60), width: width,
+                    box: box.clientWidth, pinned: pinned});
+    }
+    return found;
+}"""
+
+
+def table_measures(browser, page_path, width):
+    """TABLES on a page opened from disk at a given width, every dropdown open."""
+    context, page, outside, errors = new_page(browser, width)
+    page.goto(page_path.as_uri(), wait_until="load")
+    settle(page)
+    page.evaluate(page_measures.UNFOLD)
+    page.wait_for_timeout(200)  # book.js measures a table when its dropdown opens
+    found = page.evaluate(TABLES)
+    context.close()
+    assert not outside, outside
+    return found
+
+
+def too_wide(found):
+    """The tables wider than their box, as (caption, table width, box width)."""
+    return [(t["table"], round(t["width"]), t["box"]) for t in found if t["width"] > t["box"] + 1]
+
+
+def unpinned(found):
+    """The tables wider than their box whose first column does not stay put."""
+    return [(t["table"], round(t["width"]), t["box"]) for t in found if t["pinned"] is False]
+
+
+@pytest.mark.parametrize("page_path", CONTENT_PAGES, ids=lambda p: p.stem)
+def test_no_table_is_wider_than_the_column_at_1400_px(browser, page_path):
+    """At 1400 px every table, folded ones included, fits its column: no column the prose cites
+    hides past the edge."""
+    found = table_measures(browser, page_path, DESKTOP)
+    assert not too_wide(found), too_wide(found)
+
+
+@pytest.mark.parametrize("page_path", CONTENT_PAGES, ids=lambda p: p.stem)
+def test_wide_tables_keep_their_row_labels_on_a_phone(browser, page_path):
+    """At 390 px a table wider than its box scrolls with its first column pinned: the row labels
+    stay beside the numbers the prose cites."""
+    found = table_measures(browser, page_path, PHONE)
+    print(f"{page_path.stem}: {len(too_wide(found))} tables scroll at {PHONE} px")
+    assert not unpinned(found), unpinned(found)
+
+
+def test_the_table_checks_can_fail(browser, tmp_path):
+    """A table too wide for the column at 1400 px is caught; on a phone, a wide table in a plain
+    scrolling box, and one whose pinned cells are transparent, are caught, while the same table
+    as the book draws it (sc.table in a cell's output, book.css) keeps its labels."""
+    import pandas as pd
+
+    css = (SITE / "_static" / "book.css").as_uri()
+    frame = pd.DataFrame({f"column {i}": [1.5 + i, 2.5 + i] for i in range(14)})
+    frame.insert(0, "row label", ["first row", "second row"])
+    html = sc.table(frame, "Fourteen columns").to_html()
+    book = f'<div class="cell_output"><div class="output text_html">{html}</div></div>'
+    plain = f'<div style="overflow-x: auto">{html}</div>'
+    clear = (
+        "<style>.bd-content table.book-table td, .bd-content table.book-table th"
+        " { background: transparent !important; }</style>"
+    )
+    script = f'<script src="{(SITE / "_static" / "book.js").as_uri()}"></script>'
+    found = {}
+    for name, body in [
+        ("book", book),
+        ("plain", plain),
+        ("clear", clear + book),
+        ("folded", book + script),
+    ]:
+        page = tmp_path / f"{name}.html"
+        page.write_text(
+            f'<link rel="stylesheet" href="{css}"><style>{THEME_COLOURS}</style><main>'
+            f'<article class="bd-content" style="width: 784px; max-width: 100%">{body}</article>'
+            "</main>"
+        )
+        found[name] = (table_measures(browser, page, DESKTOP), table_measures(browser, page, PHONE))
+    assert too_wide(found["book"][0]), "a 15-column table fits 784 px: the control is too small"
+    assert not unpinned(found["book"][1]) and too_wide(found["book"][1]), found["book"][1]
+    assert unpinned(found["plain"][1]) and unpinned(found["clear"][1]), found
+    # book.js folds the columns that do not fit at 1400 px, and keeps them all on a phone
+    assert not too_wide(found["folded"][0]) and too_wide(found["folded"][1]), found["folded"]
+
+
+HTTP_ROOT = "http://book.test/"  # the built site as a server would give it, see http_page
+
+
+def http_page(browser, width=DESKTOP):
+    """A browser page that reads the built site from HTTP_ROOT. The browser's network namespace
+    has only its own loopback, so no server outside it is reachable: Playwright's router answers
+    each request from _build/html with the Content-Type `python -m http.server` would send."""
+    import http.server
+    import types
+
+    served = http.server.SimpleHTTPRequestHandler
+    handler = types.SimpleNamespace(extensions_map=served.extensions_map)
+    context = browser.new_context(viewport={"width": width, "height": 900}, accept_downloads=True)
+    page = context.new_page()
+    outside, errors = [], []
+
+    def route(r):
+        url = r.request.url
+        if url.startswith(HTTP_ROOT):
+            path = SITE / unquote(urlsplit(url).path).lstrip("/")
+            if path.is_dir():
+                path = path / "index.html"
+            if path.is_file():
+                kind = served.guess_type(handler, str(path))
+                r.fulfill(path=str(path), headers={"Content-Type": kind})
+            else:
+                r.fulfill(status=404, body="not found")
+        elif url.startswith("file://"):
+            r.continue_()
+        else:
+            outside.append(url)
+            r.abort()
+
+    page.route("**/*", route)
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    return context, page, outside, errors
+
+
+SEARCH_WORD = "residual"  # a word of chapter 2's body text, not of its title
+
+
+def search_contexts(browser, over_http):
+    """The text shown under each search hit for SEARCH_WORD, over http or from disk."""
+    if over_http:
+        context, page, outside, errors = http_page(browser)
+        url = f"{HTTP_ROOT}search.html?q={SEARCH_WORD}"
+    else:
+        context, page, outside, errors = new_page(browser, DESKTOP)
+        url = (SITE / "search.html").as_uri() + f"?q={SEARCH_WORD}"
+    page.goto(url, wait_until="load")
+    page.wait_for_function(
+        "() => document.querySelectorAll('#search-results li').length > 0", timeout=20000
+    )
+    page.wait_for_timeout(2000)  # each hit's text is fetched after the list appears
+    hits = page.evaluate("() => document.querySelectorAll('#search-results li').length")
+    shown = page.evaluate(
+        "() => [...document.querySelectorAll('#search-results li p.context')]"
+        ".map(p => p.textContent)"
+    )
+    context.close()
+    assert not outside and not errors, (outside, errors)
+    return hits, shown
+
+
+def test_search_shows_the_text_around_each_match_over_http(browser):
+    """Served over http, every hit shows a line of its page's text around the word (Sphinx's
+    search summary); from disk, where a browser refuses to fetch the pages, the hits show no
+    text and log no error: the same check rejects that list."""
+    hits, shown = search_contexts(browser, over_http=True)
+    assert hits >= 3 and len(shown) == hits, (hits, shown)
+    assert all(SEARCH_WORD in text.lower() for text in shown), shown
+    hits_on_disk, shown_on_disk = search_contexts(browser, over_http=False)
+    assert hits_on_disk == hits and not shown_on_disk, shown_on_disk
+
+
+def notebook_download(browser, over_http):
+    """The file a click on chapter 1's "Download this chapter as a notebook" gives, or None
+    when the click shows the notebook in the browser instead of saving it."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    if over_http:
+        context, page, outside, errors = http_page(browser)
+        page.goto(f"{HTTP_ROOT}book/ch1_models.html", wait_until="load")
+    else:
+        context, page, outside, errors = new_page(browser, DESKTOP)
+        page.goto((SITE / "book" / "ch1_models.html").as_uri(), wait_until="load")
+    link = page.locator("main a.download").first
+    try:
+        with page.expect_download(timeout=5000) as download:
+            link.click()
+        name = download.value.suggested_filename
+    except PlaywrightTimeout:
+        name = None
+    context.close()
+    assert not outside, outside
+    return name
+
+
+def test_the_chapter_notebook_downloads_over_http(browser):
+    """Over http the chapter's notebook link saves the .ipynb; opened from disk, Chromium shows
+    the JSON instead (the README says to serve the site for that reason): the control."""
+    assert notebook_download(browser, over_http=True) == "ch1_models.ipynb"
+    assert notebook_download(browser, over_http=False) is None
+
+
+# Where the theme's "Back to top" pill and chapter 5's knob overlap on a phone: the page is
+# scrolled to each position from where the knob comes into view to where it leaves, then 60 px
+# back up (the theme shows the pill when the reader scrolls up), and the pill's box is compared
+# with the knob's.
+PILL_OVER_KNOB = """async () => {
+    const knob = document.querySelector('[data-knob]');
+    const pill = document.getElementById('pst-back-to-top');
+    const frame = () => new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)));
+    const top = knob.getBoundingClientRect().top + window.scrollY;
+    const bottom = top + knob.offsetHeight;
+    const overlaps = [];
+    let shown = 0;
+    for (let y = Math.max(0, top - window.innerHeight); y < bottom; y += 40) {
+        window.scrollTo(0, y + 60);
+        await frame();
+        window.scrollTo(0, y);
+        await frame();
+        const p = pill.getBoundingClientRect(), k = knob.getBoundingClientRect();
+        const drawn = getComputedStyle(pill).display !== 'none'
+            && getComputedStyle(pill).visibility !== 'hidden' && p.width > 0;
+        shown += drawn;
+        const apart = p.right <= k.left || p.left >= k.right || p.bottom <= k.top
+            || p.top >= k.bottom;
+        if (drawn && !apart) overlaps.push(y);
+    }
+    return {overlaps, shown};
+}"""
+
+
+def pill_over_knob(browser, page_path):
+    """PILL_OVER_KNOB on a page at 390 x 844."""
+    context, page, outside, errors = new_page(browser, PHONE)
+    page.set_viewport_size({"width": PHONE, "height": PHONE_SCREEN})
+    page.goto(page_path.as_uri(), wait_until="load")
+    settle(page)
+    found = page.evaluate(PILL_OVER_KNOB)
+    context.close()
+    assert not outside and not errors, (outside, errors)
+    return found
+
+
+def test_the_back_to_top_pill_keeps_clear_of_the_knob_on_a_phone(browser):
+    found = pill_over_knob(browser, SITE / "book" / "ch5_walltime.html")
+    assert found["shown"] > 0, "the pill never showed: the check saw nothing"
+    assert not found["overlaps"], f"the pill covers the knob at scroll {found['overlaps']}"
+
+
+def test_the_pill_check_can_fail(browser, tmp_path):
+    """Without the book's script the theme's pill sits on the knob: the check sees it."""
+    page = tmp_path / "book" / "ch5_walltime.html"
+    page.parent.mkdir()
+    html = (SITE / "book" / "ch5_walltime.html").read_text(encoding="utf-8")
+    page.write_text(
+        re.sub(r'<script src="../_static/book.js[^"]*"></script>', "", html)
+        .replace('"../_static/', f'"{SITE.as_uri()}/_static/')
+        .replace('"../_images/', f'"{SITE.as_uri()}/_images/'),
+        encoding="utf-8",
+    )
+    assert pill_over_knob(browser, page)["overlaps"]

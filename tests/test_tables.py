@@ -56,3 +56,16 @@ def test_small_values_read_without_e_notation():
     assert sc.power_of_ten(-15) == "10⁻¹⁵"
     # the control: Python's own formatting of the same value is the e-notation this replaces
     assert "e" in f"{6.9e-18:.1e}" and "e" not in sc.times_ten(6.9e-18)
+
+
+def test_a_table_puts_the_cited_columns_beside_its_labels():
+    frame = pd.DataFrame({"draft": ["a", "b"], "α": [0.5, 0.6], "tokens": [2.0, 3.0], "z": [1, 2]})
+    html = sc.table(frame, "Drafts.", lead=["z"]).to_html()
+    heads = [h.split(">")[-1] for h in html.split("</th>") if 'class="col_heading' in h]
+    assert heads == ["draft", "z", "α", "tokens"], heads
+    # the control: without lead the columns keep the frame's order
+    plain = sc.table(frame, "Drafts.").to_html()
+    assert [h.split(">")[-1] for h in plain.split("</th>") if "col_heading" in h] == list(frame)
+    for bad in (["nope"], "z"):
+        with pytest.raises(ValueError, match="lead"):
+            sc.table(frame, "Drafts.", lead=bad)
