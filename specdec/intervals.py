@@ -279,6 +279,9 @@ def plot_prediction(table, title):
 
     fig, ax = new_figure(figsize=(6.4, 6.8))
     fig.set_layout_engine("constrained")
+    low = min(table.low.min(), table.predicted.min(), 1.0) * 0.95
+    high = max(table.high.max(), table.predicted.max(), 1.0) * 1.05
+    placed = []  # labels' anchors so far, in units of the axes' span
     for draft in dict.fromkeys(table.draft):
         rows = table[table.draft == draft]
         ax.errorbar(
@@ -291,10 +294,18 @@ def plot_prediction(table, title):
             **model_style(draft),
         )
         for x, y, gamma in zip(rows.predicted, rows.speedup, rows.gamma):
-            ax.annotate(f"γ = {gamma}", (x, y), textcoords="offset points", xytext=(7, 4),
-                        fontsize=12, color=model_style(draft)["color"])  # fmt: skip
-    low = min(table.low.min(), table.predicted.min(), 1.0) * 0.95
-    high = max(table.high.max(), table.predicted.max(), 1.0) * 1.05
+            offset = _label_offset((x - low) / (high - low), (y - low) / (high - low), placed)
+            ax.annotate(  # on a white ground, so that the diagonal and the bars do not cross it
+                f"γ = {gamma}",
+                (x, y),
+                textcoords="offset points",
+                xytext=offset,
+                ha="left" if offset[0] > 0 else "right",
+                va="center",
+                fontsize=13,
+                color=model_style(draft)["color"],
+                bbox={"boxstyle": "round,pad=0.1", "facecolor": "white", "edgecolor": "none"},
+            )
     ax.plot([low, high], [low, high], color="black", linewidth=1, label="measured = predicted")
     ax.axhline(1, color="0.5", linestyle="--", linewidth=1)
     ax.set(
@@ -306,3 +317,17 @@ def plot_prediction(table, title):
     ax.set_title(title)
     fig.legend(loc="outside upper center", ncol=2)
     return fig
+
+
+def _label_offset(x, y, placed):
+    """Offset in points of the label of a point at (x, y), in units of the axes' span: right of
+    it, else left, above or below, whichever box clears every box in placed (x0, x1, y0, y1),
+    to which its own is added. A label spans about 0.13 × 0.045 of the axes."""
+    for dx, dy in [(9, 0), (-9, 0), (9, 16), (-9, 16), (9, -16), (-9, -16)]:
+        near, far = x + np.sign(dx) * 0.02, x + np.sign(dx) * 0.15
+        box = (min(near, far), max(near, far), y + dy / 400 - 0.023, y + dy / 400 + 0.023)
+        if not any(b[0] < box[1] and box[0] < b[1] and b[2] < box[3] and box[2] < b[3]
+                   for b in placed):  # fmt: skip
+            break
+    placed.append(box)
+    return dx, dy
