@@ -246,17 +246,29 @@ class Verdict(NamedTuple):
     low: float
     high: float
     chosen_at: float  # its speedup on the race's prompts, where it was chosen
+    above_cap: bool = False  # measured above what its costs allow: the costs, not the cap, fail
+
+
+def measured(runs, cap=np.inf, level=0.95):
+    """(speedup, low, high, above) of one setting's runs: `prompt_interval` cut at cap, unless
+    the speedup itself lies above cap. Then the race refutes the costs the cap was computed
+    from, so no cut is made and above is True, for the page to say so."""
+    plain, seconds = _grid(runs)
+    speedup, low, high = (float(x) for x in prompt_interval(plain, seconds, level))
+    if speedup > cap:
+        return speedup, low, high, True
+    return speedup, min(low, cap), min(high, cap), False
 
 
 def summarise(rows, caps=None, level=0.95):
-    """Every setting's speedup with its interval (`prompt_interval`, cut at caps[(draft, γ)] if
-    given) and the cap, one row each, in the race's order."""
+    """Every setting's speedup with its interval (`measured`, with caps[(draft, γ)] if given),
+    the cap, and whether the speedup lay above it, one row each, in the race's order."""
     table = []
     for (draft, gamma), runs in rows.groupby(["draft", "gamma"], sort=False):
         cap = np.inf if caps is None else caps[draft, int(gamma)]
-        speedup, low, high = (float(x) for x in prompt_interval(*_grid(runs), level, cap))
+        speedup, low, high, above = measured(runs, cap, level)
         table.append({"draft": draft, "gamma": int(gamma), "speedup": speedup, "low": low,
-                      "high": high, "cap": float(cap)})  # fmt: skip
+                      "high": high, "cap": float(cap), "above cap": above})  # fmt: skip
     return pd.DataFrame(table)
 
 
@@ -266,8 +278,8 @@ def confirm(table, fresh_rows, cap=np.inf, level=0.95):
     does not inflate the number reported."""
     best = table.loc[table.speedup.idxmax()]
     runs = fresh_rows[(fresh_rows.draft == best.draft) & (fresh_rows.gamma == best.gamma)]
-    speedup, low, high = (float(x) for x in prompt_interval(*_grid(runs), level, cap))
-    return Verdict(best.draft, int(best.gamma), speedup, low, high, float(best.speedup))
+    speedup, low, high, above = measured(runs, cap, level)
+    return Verdict(best.draft, int(best.gamma), speedup, low, high, float(best.speedup), above)
 
 
 def plot_prediction(table, title):
