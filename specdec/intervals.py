@@ -246,17 +246,29 @@ class Verdict(NamedTuple):
     low: float
     high: float
     chosen_at: float  # its speedup on the race's prompts, where it was chosen
+    above_cap: bool = False  # measured above what its costs allow: the costs, not the cap, fail
+
+
+def measured(runs, cap=np.inf, level=0.95):
+    """(speedup, low, high, above) of one setting's runs: `prompt_interval` cut at cap, unless
+    the speedup itself lies above cap. Then the race refutes the costs the cap was computed
+    from, so no cut is made and above is True, for the page to say so."""
+    plain, seconds = _grid(runs)
+    speedup, low, high = (float(x) for x in prompt_interval(plain, seconds, level))
+    if speedup > cap:
+        return speedup, low, high, True
+    return speedup, min(low, cap), min(high, cap), False
 
 
 def summarise(rows, caps=None, level=0.95):
-    """Every setting's speedup with its interval (`prompt_interval`, cut at caps[(draft, γ)] if
-    given) and the cap, one row each, in the race's order."""
+    """Every setting's speedup with its interval (`measured`, with caps[(draft, γ)] if given),
+    the cap, and whether the speedup lay above it, one row each, in the race's order."""
     table = []
     for (draft, gamma), runs in rows.groupby(["draft", "gamma"], sort=False):
         cap = np.inf if caps is None else caps[draft, int(gamma)]
-        speedup, low, high = (float(x) for x in prompt_interval(*_grid(runs), level, cap))
+        speedup, low, high, above = measured(runs, cap, level)
         table.append({"draft": draft, "gamma": int(gamma), "speedup": speedup, "low": low,
-                      "high": high, "cap": float(cap)})  # fmt: skip
+                      "high": high, "cap": float(cap), "above cap": above})  # fmt: skip
     return pd.DataFrame(table)
 
 
@@ -266,8 +278,8 @@ def confirm(table, fresh_rows, cap=np.inf, level=0.95):
     does not inflate the number reported."""
     best = table.loc[table.speedup.idxmax()]
     runs = fresh_rows[(fresh_rows.draft == best.draft) & (fresh_rows.gamma == best.gamma)]
-    speedup, low, high = (float(x) for x in prompt_interval(*_grid(runs), level, cap))
-    return Verdict(best.draft, int(best.gamma), speedup, low, high, float(best.speedup))
+    speedup, low, high, above = measured(runs, cap, level)
+    return Verdict(best.draft, int(best.gamma), speedup, low, high, float(best.speedup), above)
 
 
 def plot_prediction(table, title):
@@ -279,6 +291,9 @@ def plot_prediction(table, title):
 
     fig, ax = new_figure(figsize=(6.4, 6.8))
     fig.set_layout_engine("constrained")
+    low = min(table.low.min(), table.predicted.min(), 1.0) * 0.95
+    high = max(table.high.max(), table.predicted.max(), 1.0) * 1.05
+    placed = []  # labels' anchors so far, in units of the axes' span
     for draft in dict.fromkeys(table.draft):
         rows = table[table.draft == draft]
         ax.errorbar(
@@ -291,10 +306,18 @@ def plot_prediction(table, title):
             **model_style(draft),
         )
         for x, y, gamma in zip(rows.predicted, rows.speedup, rows.gamma):
-            ax.annotate(f"γ = {gamma}", (x, y), textcoords="offset points", xytext=(7, 4),
-                        fontsize=12, color=model_style(draft)["color"])  # fmt: skip
-    low = min(table.low.min(), table.predicted.min(), 1.0) * 0.95
-    high = max(table.high.max(), table.predicted.max(), 1.0) * 1.05
+            offset = _label_offset((x - low) / (high - low), (y - low) / (high - low), placed)
+            ax.annotate(  # on a white ground, so that the diagonal and the bars do not cross it
+                f"γ = {gamma}",
+                (x, y),
+                textcoords="offset points",
+                xytext=offset,
+                ha="left" if offset[0] > 0 else "right",
+                va="center",
+                fontsize=13,
+                color=model_style(draft)["color"],
+                bbox={"boxstyle": "round,pad=0.1", "facecolor": "white", "edgecolor": "none"},
+            )
     ax.plot([low, high], [low, high], color="black", linewidth=1, label="measured = predicted")
     ax.axhline(1, color="0.5", linestyle="--", linewidth=1)
     ax.set(
@@ -306,3 +329,17 @@ def plot_prediction(table, title):
     ax.set_title(title)
     fig.legend(loc="outside upper center", ncol=2)
     return fig
+
+
+def _label_offset(x, y, placed):
+    """Offset in points of the label of a point at (x, y), in units of the axes' span: right of
+    it, else left, above or below, whichever box clears every box in placed (x0, x1, y0, y1),
+    to which its own is added. A label spans about 0.13 × 0.045 of the axes."""
+    for dx, dy in [(9, 0), (-9, 0), (9, 16), (-9, 16), (9, -16), (-9, -16)]:
+        near, far = x + np.sign(dx) * 0.02, x + np.sign(dx) * 0.15
+        box = (min(near, far), max(near, far), y + dy / 400 - 0.023, y + dy / 400 + 0.023)
+        if not any(b[0] < box[1] and box[0] < b[1] and b[2] < box[3] and box[2] < b[3]
+                   for b in placed):  # fmt: skip
+            break
+    placed.append(box)
+    return dx, dy

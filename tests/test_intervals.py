@@ -157,6 +157,22 @@ def test_no_interval_reaches_past_the_cap_and_the_cut_keeps_coverage():
     assert intervals.coverage(intervals.prompt_interval, noisy, 3, 2, cap=2.1) >= 0.93
 
 
+def test_a_speedup_above_its_cap_refutes_the_costs_and_keeps_its_interval():
+    """A race whose speedup, 2, is above a cap of 1.5 computed from costs: cutting would give
+    1.5–1.5 around 2, so the interval is kept whole and flagged; with a cap of 2.5 above the
+    speedup (the control) the same runs are cut and not flagged."""
+    plain, seconds = intervals.synthetic_races(NOISE, 4, 2, 1, 2.0, np.random.default_rng(6))
+    runs = _frame(plain[0], seconds[0])
+    speedup, low, high, above = intervals.measured(runs, cap=1.5)
+    assert (
+        above
+        and speedup > 1.5
+        and (low, high) == pytest.approx(intervals.prompt_interval(plain[0], seconds[0])[1:])
+    )
+    speedup, low, high, above = intervals.measured(runs, cap=speedup * 1.01)
+    assert not above and high == pytest.approx(speedup * 1.01)
+
+
 # ---- the prediction's band and the verdict ------------------------------------------------------
 
 
