@@ -10,7 +10,7 @@ are the runs of scripts/generation_power.py. tests/test_pair_robust.py re-runs o
 each part and checks it against the file.
 
     .venv/bin/python scripts/generation_dose.py --part fraction
-    .venv/bin/python scripts/generation_dose.py --part shift --seeds 10
+    .venv/bin/python scripts/generation_dose.py --part shift --seeds 10 --values 0.03
 """
 
 import argparse
@@ -28,7 +28,7 @@ OUT = ex.DOSE_RECORD
 DRAFT, GAMMA = "draft1-2000", 4
 FRACTIONS = (0.3, 0.1, 0.03)  # f = 1 is generation_power.json's
 FRACTION_BUGS = ("residual from p", "one uniform")
-EPSILONS = (0.02, 0.01, 0.04, 0.005)  # the order they run in: the likeliest threshold first
+EPSILONS = (0.02, 0.01, 0.04, 0.005, 0.03)  # the order they run in
 SHIFT_TOKEN = " "  # the commonest character of the held-out text
 
 
@@ -47,6 +47,7 @@ def main():
     parser.add_argument("--part", choices=("fraction", "shift"), required=True)
     parser.add_argument("--seeds", type=int, default=10, help="seeds 0 .. n − 1 per point")
     parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--values", type=float, nargs="+", help="the f or ε to run instead")
     args = parser.parse_args()
     pair = pm.load_pair()
     defaults = ex.generation_test.__defaults__  # seed, n_prompts, n_tokens, prompt_length, ...
@@ -65,9 +66,9 @@ def main():
     }
     seeds = range(args.seeds)
     if args.part == "fraction":
-        points = [(bug, f) for f in FRACTIONS for bug in FRACTION_BUGS]
+        points = [(bug, f) for f in args.values or FRACTIONS for bug in FRACTION_BUGS]
     else:
-        points = [("shift", e) for e in EPSILONS]
+        points = [("shift", e) for e in args.values or EPSILONS]
     for name, value in points:
         begin = time.thread_time()
         if args.part == "fraction":
