@@ -707,7 +707,8 @@ def drafted_rows(scenario, record, level, rng):
 
 
 def exercised(scenario, record):
-    """A line saying how many steps drafted each number of tokens, and what was never reached."""
+    """A line saying how many steps drafted each number of tokens, how many drafts and emitted
+    tokens each position's statistics saw (over the requests), and what was never reached."""
     gamma = scenario.gamma
     counts = np.bincount(record.lengths.ravel(), minlength=gamma + 1)[1:]
     said = "; ".join(f"{k} → {n:,}" for k, n in enumerate(counts, 1))
@@ -718,7 +719,10 @@ def exercised(scenario, record):
         unreached = int((record.lengths.max(axis=1) < gamma).sum())
         line += f" (draft positions beyond the longest run not audited, in {unreached} request"
         line += f"{'s' * (unreached != 1)})"
-    return line
+    drafts = (~np.isnan(record.transforms)).sum(axis=(0, 1))
+    emitted = (record.emitted >= 0).sum(axis=(0, 1))
+    line += f". Draws audited by position, drafts: {', '.join(f'{n:,}' for n in drafts)}"
+    return line + f"; emitted tokens: {', '.join(f'{n:,}' for n in emitted)}"
 
 
 @functools.cache
