@@ -513,7 +513,7 @@ def _scenario_rows(verify_fn, scenario, level, rng, drafter):
 
 # ---- drafter mode: drafts of any number, audited by what must hold whatever the number -------
 
-PIT_BINS = 20  # at most this many equal bins of a position's transforms, each expecting ≥ 20
+DRAFT_PIT_BINS = 20  # at most this many equal bins of a position's transforms, each expecting ≥ 20
 Q_TOLERANCE = 1e-3  # a drafter's q row may sum to 1 within this (float32 rows over 128k ids)
 NO_ANSWER = (None, None, None)  # _drafter_answer's drafts, q and lengths, when there is a problem
 
@@ -650,9 +650,9 @@ def run_drafted(verify_fn, scenario, rng, drafter):
 
 def _pit_test(values, level, rng):
     """The exact chi-square test of transforms (n,) against the uniform law, over equal bins
-    (at most PIT_BINS, each expecting ≥ MIN_EXPECTED): a dict for the audit's table."""
+    (at most DRAFT_PIT_BINS, each expecting ≥ MIN_EXPECTED): a dict for the audit's table."""
     n = len(values)
-    bins = int(np.clip(n // MIN_EXPECTED, 2, PIT_BINS))
+    bins = int(np.clip(n // MIN_EXPECTED, 2, DRAFT_PIT_BINS))
     counts = np.bincount(np.minimum((values * bins).astype(int), bins - 1), minlength=bins)
     law = np.full(bins, 1 / bins)
     worst = int(np.argmax(np.abs(counts / n - law)))
@@ -713,12 +713,10 @@ def exercised(scenario, record):
     counts = np.bincount(record.lengths.ravel(), minlength=gamma + 1)[1:]
     said = "; ".join(f"{k} → {n:,}" for k, n in enumerate(counts, 1))
     line = f"  Drafter mode, {scenario.name}: steps by number of drafts: {said}"
-    never = [k for k, n in enumerate(counts, 1) if n == 0]
-    if never:
-        line += f"; never {', '.join(map(str, never))} draft{'s' * (never != [1])}"
-        unreached = int((record.lengths.max(axis=1) < gamma).sum())
-        line += f" (draft positions beyond the longest run not audited, in {unreached} request"
-        line += f"{'s' * (unreached != 1)})"
+    longest = int(np.flatnonzero(counts)[-1]) + 1  # every step drafts at least one token
+    if longest < gamma:  # a gap: positions no step reached
+        line += f"; no step drafted more than {longest}: draft positions {longest} to "
+        line += f"{gamma - 1} were never audited"
     drafts = (~np.isnan(record.transforms)).sum(axis=(0, 1))
     emitted = (record.emitted >= 0).sum(axis=(0, 1))
     line += f". Draws audited by position, drafts: {', '.join(f'{n:,}' for n in drafts)}"
