@@ -41,9 +41,8 @@ def test_the_confidence_stop_draws_every_length_and_the_report_says_so(confident
     )
     assert report.passed, report
     line = next(n for n in report.notes if "steps by number of drafts" in n)
-    counts = [
-        int(part.split(" → ")[1].replace(",", "")) for part in line.split(": ")[-1].split("; ")
-    ]
+    lengths = line.split("number of drafts: ")[1].split(". ")[0]
+    counts = [int(part.split(" → ")[1].replace(",", "")) for part in lengths.split("; ")]
     assert len(counts) == 3 and min(counts) > 500 and sum(counts) == 2 * confident.steps
     assert len(report.table) == len(sc.drafter_components(confident)) == 2 * 7
     # the statistic that catches the greedy assistant says what it measured
