@@ -24,6 +24,7 @@ name works as `sc.NAME`:
     projections  engine-shaped scenarios, exact projections of the output     6
     harness      the verifier in a child process; its time limit              6
     planted      verifiers and drafters to audit, bugs planted in them        6
+    drafted      drafter mode: drafts of any number, and what must hold       6
     audit        `audit_verifier`, its suites, what a run can detect          6
     adapters     HF's and vLLM's interfaces in numpy, adapters, torch         6
     cli          the audit's command line                                     6
@@ -47,11 +48,9 @@ the two agree. Exact results use `fractions.Fraction`, computed from the integer
 """
 
 if __name__ == "__main__":  # python -m specdec_core audit TARGET: numpy and scipy only, no plots
-    import sys
+    from specdec.cli import run
 
-    from specdec.cli import main
-
-    sys.exit(main(sys.argv[1:]))
+    run()
 
 # The modules in the book's order, as in the map above.
 from specdec.checks import *
@@ -68,6 +67,7 @@ from specdec.pipelines import *
 from specdec.projections import *
 from specdec.harness import AUDIT_TIMEOUT
 from specdec.planted import *
+from specdec.drafted import *
 from specdec.audit import *
 from specdec.adapters import *
 from specdec.cli import main

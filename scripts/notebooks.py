@@ -356,7 +356,10 @@ def _requirements(root):
         if "==" in line and not line.startswith("#"):
             name, version = line.split("==", 1)
             pins[name.strip().lower().replace("_", "-")] = version.strip()
-    declared = tomllib.loads((root / "pyproject.toml").read_text())["project"]["dependencies"]
+    project = tomllib.loads((root / "pyproject.toml").read_text())["project"]
+    declared = (
+        project["dependencies"] + project["optional-dependencies"]["book"]
+    )  # the audit's, the book's
     names = [re.match(r"[\w.-]+", spec)[0].lower().replace("_", "-") for spec in declared]
     runtime = [name for name in names if name not in NOT_IN_ARCHIVE] + ["ipykernel"]
     return "".join(f"{name}=={pins[name]}\n" for name in runtime)

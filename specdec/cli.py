@@ -247,6 +247,11 @@ def main(argv=None, prog="python -m specdec_core"):
     return 0 if report.passed else 1
 
 
+def run():
+    """`python -m specdec_core audit TARGET [options]`: main, then exit with its code."""
+    sys.exit(main(sys.argv[1:]))
+
+
 def console():
     """The `specdec-audit` command: `specdec-audit TARGET [options]`."""
     sys.exit(main(sys.argv[1:], prog=CONSOLE))

@@ -238,7 +238,9 @@ def test_each_small_statistic_rejects_an_exact_verifier_at_its_level():
     moved[law > 0] = law[law > 0] + gap / 2
     n = int(audit._null_counts(0, level, rng).sum())
     counts = rng.multinomial(n, moved, size=runs)
-    stat, critical, *_ = audit._small_tests(0, counts, level, rng)[audit.DIRECTION_NAMES["correction from p"]]
+    stat, critical, *_ = audit._small_tests(0, counts, level, rng)[
+        audit.DIRECTION_NAMES["correction from p"]
+    ]
     assert (stat > critical).mean() > level + 10 * band / 4
 
 

@@ -263,3 +263,40 @@ def test_a_torch_verifier_gets_writable_rows_of_its_own(monkeypatch):
     monkeypatch.setattr(adapters.Backend, "floats", lambda self, a: self.torch.from_numpy(a))
     report = sc.audit_verifier(adapters.vllm_v0_adapter(writes_in_place), scenarios=[wide])
     assert not report.passed and "read-only" in str(report)
+
+
+# ---- reports an engine developer can read ------------------------------------------------------
+
+
+def raises_at_gamma_5(target_probs, draft_probs, draft_tokens, rng):
+    """verify, but an error on the small suite's γ = 5 scenario."""
+    if draft_tokens.shape[1] == 5:
+        raise RuntimeError("no kernel for γ = 5")
+    return sc.verify(target_probs, draft_probs, draft_tokens, rng)
+
+
+def test_a_report_says_why_it_has_fewer_rows_than_statistics_planned():
+    report = str(sc.audit_verifier(raises_at_gamma_5))
+    planned = sc.small_statistics()
+    assert f"not the {planned} statistics planned: 1 scenario stopped" in report
+    assert report.splitlines()[-1].startswith("FAILED: 1 of ")
+    assert "not the" not in str(sc.audit_verifier(sc.verify))  # the control: every statistic
+
+
+def test_a_failed_statistic_says_what_it_measured_not_a_bug_s_name():
+    """A bug that was not planted (the correction drawn from p) fails the small suite's fixed
+    directions; their findings say what was measured. The control: the table still keeps each
+    direction's source for the book (DIRECTION_SOURCES), and the joint law's finding is plain."""
+    report = sc.audit_verifier(sc.rule_verifier(sc.ROW_BUGS["correction from p"]), seed=2)
+    text = str(report)
+    assert not report.passed and "direction of" not in text
+    assert not any(bug in text for bug in audit_sources())
+    moved = report.table[report.table["component"].str.startswith(sc.DIRECTION)]
+    assert (~moved["passed"]).any()
+    assert moved[~moved["passed"]]["finding"].str.startswith("the completed law moved").all()
+
+
+def audit_sources():
+    from specdec.audit import DIRECTION_SOURCES
+
+    return list(DIRECTION_SOURCES)
