@@ -27,6 +27,7 @@ name works as `sc.NAME`:
     audit        `audit_verifier`, its suites, what a run can detect          6
     adapters     HF's and vLLM's interfaces in numpy, adapters, torch         6
     cli          the audit's command line                                     6
+    engines      make engines: released engines' code audited, the record     6
     multidraft   several candidates at one position                           7
     block        block verification, tokens per call of any per-token rule    7
     lossy        verifiers that trade exactness for acceptance                7
@@ -70,6 +71,7 @@ from specdec.planted import *
 from specdec.audit import *
 from specdec.adapters import *
 from specdec.cli import main
+from specdec.engines import engine_styler, engine_table, read_record
 from specdec.multidraft import *
 from specdec.block import *
 from specdec.lossy import *
