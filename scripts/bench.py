@@ -249,6 +249,21 @@ def audit_false_alarms():
     sc.FALSE_ALARMS.write_text("\n".join(lines) + "\n")
 
 
+DRAFTER_RUNS = 300  # seeded drafter-mode audits per drafter (tests run 6)
+
+
+def drafter_mode_rows():
+    """Drafter mode on drafts of data-dependent length: how often a correct confidence stop
+    fails (the false-alarm rate, ≤ AUDIT_LEVEL) and 4.44.2's greedy assistant fails (power)."""
+    scenario = sc.confidence_scenario()
+    print(f"\n{'drafter mode, ' + scenario.name:52} {'failed':>8} {'runs':>6} {'seconds':>8}")
+    for drafter in (sc.confidence_drafter(0.08), sc.greedy_assistant_drafter):
+        start = time.perf_counter()
+        failed, runs = sc.drafter_mode_rates(drafter, scenario, DRAFTER_RUNS, seed=2026)
+        seconds = time.perf_counter() - start
+        print(f"{drafter.__name__:52} {failed:>8} {runs:>6} {seconds:>8.0f}")
+
+
 def main():
     """Print one row per workload, then the totals."""
     header = ["draws", "literal s", "fast s", "ratio", "floor s", "fast/floor"]
@@ -284,6 +299,7 @@ def main():
     verifier_rows()
     audit_rows()
     harness_rows()
+    drafter_mode_rows()
     audit_false_alarms()
 
 

@@ -710,8 +710,8 @@ def exercised(scenario, record):
     """A line saying how many steps drafted each number of tokens, and what was never reached."""
     gamma = scenario.gamma
     counts = np.bincount(record.lengths.ravel(), minlength=gamma + 1)[1:]
-    said = ", ".join(f"{k}: {n:,}" for k, n in enumerate(counts, 1))
-    line = f"  Drafter mode, {scenario.name}: steps by number of drafts {said}"
+    said = "; ".join(f"{k} → {n:,}" for k, n in enumerate(counts, 1))
+    line = f"  Drafter mode, {scenario.name}: steps by number of drafts: {said}"
     never = [k for k, n in enumerate(counts, 1) if n == 0]
     if never:
         line += f"; never {', '.join(map(str, never))} draft{'s' * (never != [1])}"

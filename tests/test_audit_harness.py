@@ -379,7 +379,7 @@ def test_a_drafter_may_draft_fewer_tokens(three):
     report = sc.audit_verifier(sc.verify, scenarios=[three], drafter=short_drafter)
     assert report.passed, report
     assert len(report.table) == 2 * 3 + 1 and set(report.table["scenario"]) == {three.name}
-    assert "steps by number of drafts 1: " in str(report) and "never" not in str(report)
+    assert "steps by number of drafts: 1 → " in str(report) and "never" not in str(report)
     assert not sc.audit_verifier(
         wrong_bonus_when_short, scenarios=[three], drafter=short_drafter
     ).passed

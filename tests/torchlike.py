@@ -25,6 +25,25 @@ class Generator:
 
 
 default_generator = Generator()
+_threads = {"intra-op": 4, "inter-op": 4}  # like torch: the machine's cores until set
+
+
+def set_num_threads(n):
+    """Intra-op threads."""
+    _threads["intra-op"] = int(n)
+
+
+def get_num_threads():
+    return _threads["intra-op"]
+
+
+def set_num_interop_threads(n):
+    """Inter-op threads."""
+    _threads["inter-op"] = int(n)
+
+
+def get_num_interop_threads():
+    return _threads["inter-op"]
 
 
 def _array(value):

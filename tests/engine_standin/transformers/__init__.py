@@ -1,0 +1,1 @@
+"""A stand-in for transformers in CI: only generation.utils._speculative_sampling."""
