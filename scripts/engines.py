@@ -210,6 +210,8 @@ def main(names):
     for t in chosen:
         entries.append(audit(t))
         print(line(entries[-1]), flush=True)
+        for note in entries[-1].get("notes", []):  # what the run exercised (drafter mode)
+            print(f"    {note}", flush=True)
     seconds = time.perf_counter() - began
     record = {
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d"),

@@ -285,19 +285,23 @@ def run(name, source=None):
         drafter = hf_drafter(transformers, torch, t.options.get("assistant_confidence_threshold"))
         scenarios = drafter_scenarios()
     suite = "engine" if t.suite == "drafter" else t.suite
-    if t.suite != "small":
+    if t.suite == "small":
+        from .audit import suite_draws
+
+        total = suite_draws("small")
+    else:
         from .projections import engine_scenarios
 
         total = sum(len(s.target) * s.steps for s in scenarios or engine_scenarios())
-        verify_fn = _counting(verify_fn, total)
+    verify_fn = _counting(verify_fn, total)
     began = time.perf_counter()
     report = audit_verifier(
         verify_fn, suite=suite, scenarios=scenarios, seed=ENGINE_SEED, drafter=drafter
     )
     seconds = time.perf_counter() - began
-    table = report.table
-    failed = int((~table["passed"].astype(bool)).sum())
-    return entry(t, report.passed, failed, len(table), seconds) | {"torch": torch.__version__}
+    failed = sum(not row["passed"] for row in report.rows)
+    extra = {"torch": torch.__version__, "notes": [str(n) for n in report.notes]}
+    return entry(t, report.passed, failed, len(report.rows), seconds) | extra
 
 
 RECORD_FIELDS = {  # the record's fields for each target, and their types
@@ -315,7 +319,11 @@ RECORD_FIELDS = {  # the record's fields for each target, and their types
     "statistics": int,  # ... out of this many
     "seconds": float,  # the audit's wall time (the venv's install not included)
 }
-OPTIONAL_FIELDS = {"note": str, "torch": str}  # why a target did not run; torch's version
+OPTIONAL_FIELDS = {  # why a target did not run; torch's version; what the run exercised
+    "note": str,
+    "torch": str,
+    "notes": list,
+}
 
 
 def entry(t, passed, failed, statistics, seconds):
