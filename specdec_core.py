@@ -5,9 +5,8 @@ Leviathan's letters: p is the target model, q the draft. The toy target is a Lap
 character bigram over an 80-character corpus; the draft mixes it with a unigram,
 q_w = w·p + (1 − w)·q0.
 
-The code lives in the package `specdec`, one module per idea, in the book's order; each module
-imports only modules above it in this list. This file gathers their public names, so every
-name works as `sc.NAME`:
+The code lives in `specdec`, one module per idea in the book's order; each imports only modules
+above it in this list. This file gathers their public names: every name works as `sc.NAME`:
 
     module       idea                                                         chapters
     checks       argument checks and size limits                              all
@@ -71,7 +70,6 @@ from specdec.planted import *
 from specdec.audit import *
 from specdec.adapters import *
 from specdec.cli import main
-from specdec.engines import engine_styler, engine_table, read_record
 from specdec.multidraft import *
 from specdec.block import *
 from specdec.lossy import *

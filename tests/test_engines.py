@@ -19,7 +19,7 @@ from specdec.projections import Scenario, _drafter_of, _zipf
 
 
 def test_the_record_holds_every_target_with_its_schema():
-    record = sc.read_record()
+    record = engines.read_record()
     assert [e["name"] for e in record["targets"]] == [t.name for t in engines.TARGETS]
     for item, t in zip(record["targets"], engines.TARGETS):
         assert (item["package"], item["version"], item["function"]) == (
@@ -59,24 +59,24 @@ def test_chapter_6_shows_the_record():
     soup = BeautifulSoup(page, "html.parser")
     caption = next(c for c in soup("caption") if c.get_text().startswith("Released engines"))
     shown = _cells(str(caption.find_parent("table")))
-    record = sc.read_record()
-    assert shown == _cells(sc.engine_styler(record).to_html())
+    record = engines.read_record()
+    assert shown == _cells(engines.engine_styler(record).to_html())
     assert record["date"] in soup.get_text()
     # the control: an edited record (one verdict flipped, one time changed) is not this page
     edited = copy.deepcopy(record)
     edited["targets"][0].update(verdict="FAILED", failed=1, seconds=1234.0)
-    assert _cells(sc.engine_styler(edited).to_html()) != shown
+    assert _cells(engines.engine_styler(edited).to_html()) != shown
 
 
 def test_the_table_reads_each_field_of_the_record():
-    record = sc.read_record()
-    table = sc.engine_table(record)
+    record = engines.read_record()
+    table = engines.engine_table(record)
     assert len(table) == len(record["targets"])
     first = record["targets"][0]
     assert table["statistics failed"][0] == f"{first['failed']} of {first['statistics']}"
     edited = json.loads(json.dumps(record))
     edited["targets"][0]["failed"] = first["statistics"]  # the control: the cell follows
-    assert sc.engine_table(edited)["statistics failed"][0] != table["statistics failed"][0]
+    assert engines.engine_table(edited)["statistics failed"][0] != table["statistics failed"][0]
 
 
 # ---- vLLM: stubs and the loader -----------------------------------------------------------------
