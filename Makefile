@@ -20,7 +20,7 @@ export IPYTHONDIR := $(CURDIR)/$(VENV)/share/ipython
 export MPLCONFIGDIR := $(CURDIR)/$(VENV)/share/matplotlib
 export PYDEVD_DISABLE_FILE_VALIDATION := 1
 
-.PHONY: all site test figures notebooks lab bench stopwatch race train train-large lint clean distclean pdf
+.PHONY: all site test figures notebooks lab bench stopwatch race train train-large engines lint clean distclean pdf
 
 all: site
 
@@ -128,6 +128,16 @@ train: $(TRAIN_BIN)/.installed
 train-large: $(TRAIN_BIN)/.installed
 	$(TRAIN_BIN)/python scripts/train_large.py --check _build/train-large
 
+## make engines: the audit on released engines' own code (transformers 5.25.0, 4.44.2, 4.45.0;
+## vLLM 0.6.3's V0 sampler from its wheel), each in a venv under .venv-engines (never the book's
+## .venv), a line per target; writes specdec/data/engines.json, which chapter 6 reads.
+## torch==2.13.0 (requirements-engines/base.txt): where pip's find-links holds the CPU wheel
+## 2.13.0+cpu (this machine: /opt/wheels) pip picks it, about 0.75 GB installed; elsewhere the
+## same pin installs the package index's default build with its CUDA libraries, about 6 GB.
+## ENGINES="name;name" runs only those targets (names as in specdec/engines.py's TARGETS).
+engines:
+	$(PYTHON) scripts/engines.py $(if $(ENGINES),"$(subst ;," ",$(ENGINES))")
+
 ## make lint: ruff (check and format) over the core, the transformer, the scripts and the tests
 lint: $(BIN)/.test-installed
 	$(BIN)/ruff check $(PY_SOURCES)
@@ -139,4 +149,4 @@ clean:
 
 ## make distclean: clean, and remove .venv too
 distclean: clean
-	rm -rf $(VENV) .venv-train
+	rm -rf $(VENV) .venv-train .venv-engines

@@ -5,9 +5,8 @@ Leviathan's letters: p is the target model, q the draft. The toy target is a Lap
 character bigram over an 80-character corpus; the draft mixes it with a unigram,
 q_w = w·p + (1 − w)·q0.
 
-The code lives in the package `specdec`, one module per idea, in the book's order; each module
-imports only modules above it in this list. This file gathers their public names, so every
-name works as `sc.NAME`:
+The code lives in `specdec`, one module per idea in the book's order; each imports only modules
+above it in this list. This file gathers their public names: every name works as `sc.NAME`:
 
     module       idea                                                         chapters
     checks       argument checks and size limits                              all
@@ -28,6 +27,7 @@ name works as `sc.NAME`:
     audit        `audit_verifier`, its suites, what a run can detect          6
     adapters     HF's and vLLM's interfaces in numpy, adapters, torch         6
     cli          the audit's command line                                     6
+    engines      make engines: released engines' code audited, the record     6
     multidraft   several candidates at one position                           7
     block        block verification, tokens per call of any per-token rule    7
     lossy        verifiers that trade exactness for acceptance                7
