@@ -13,6 +13,9 @@ The prediction uses nothing from the race itself:
 3. `sampled_alpha`: α as the mean of β = Σ min(p, q) along the target's own samples (the
    contexts decoding meets), and Equation 1's tokens per call from it.
 
+Every time is the timing thread's CPU time (`roofs.thread_seconds`), with one BLAS thread and
+ONNX Runtime on one intra-op thread: the work a call does runs on that thread.
+
 `predict` combines them; `race` then times plain and speculative decoding interleaved (plain,
 setting, plain, ...), and `summarise` gives each setting's speedup with a bootstrap interval
 over prompts and repeats, and the best setting chosen on half of the repeats and measured on

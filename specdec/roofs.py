@@ -4,8 +4,8 @@ A model's call must read its weights and multiply by them. A roof is the fastest
 machine reaches at one of the two, on one thread:
 
 - reading, by a one-row matrix-vector product (sgemv, one multiply-add per float32 weight read,
-  in both of numpy's orientations), on a matrix that fits in the L3 cache and on one eight times
-  the L3, so from DRAM;
+  in both of numpy's orientations) and a dot product (sdot), on a matrix that fits in the L3
+  cache and on one eight times the L3, so from DRAM;
 - multiplying, by a 1,024² float32 matrix product (sgemm).
 
 Each is the best of several repeats. A call's floor is the longer of reading its weights once
@@ -54,8 +54,8 @@ class Machine(NamedTuple):
     """This machine's roofs, one thread: GEMM, reads from L3 and from DRAM, the L3's size."""
 
     gemm: float  # FLOP/s of a 1,024² float32 matrix product
-    l3_read: float  # bytes/s of a one-row sgemv over a matrix a quarter of the L3
-    dram_read: float  # bytes/s of a one-row sgemv over a matrix eight times the L3
+    l3_read: float  # bytes/s of `read_rate` over a matrix a quarter of the L3
+    dram_read: float  # bytes/s of `read_rate` over a matrix eight times the L3
     l3_bytes: int
 
 
@@ -79,8 +79,9 @@ def _best(work, number, repeats):
 
 
 def read_rate(n_bytes, repeats=7, rows=1024):
-    """Bytes/s at which a one-row float32 sgemv reads a (rows, n_bytes / 4 / rows) matrix: the
-    best of both orientations (row @ matrix, matrix @ column) over repeats, one BLAS thread."""
+    """Bytes/s at which one BLAS thread reads a (rows, n_bytes / 4 / rows) float32 matrix with
+    one multiply-add per float read: the best over repeats of a one-row sgemv in both of
+    numpy's orientations (row @ matrix, matrix @ column) and the dot product of its halves."""
     _check_positive_count(n_bytes, "n_bytes", MAX_BYTES, "the matrix is allocated")
     _check_positive_count(repeats, "repeats", 1_000, "timings")
     _check_positive_count(rows, "rows")
@@ -89,14 +90,17 @@ def read_rate(n_bytes, repeats=7, rows=1024):
         raise ValueError(f"n_bytes must be at least 4 · rows = {4 * rows}, got {n_bytes}")
     matrix = np.ones((rows, cols), np.float32)  # (rows, cols)
     row, column = np.ones((1, rows), np.float32), np.ones((cols, 1), np.float32)
+    flat = matrix.reshape(-1)
+    first, second = flat[: flat.size // 2], flat[flat.size // 2 :]  # (n/2,) each
     number = max(1, 2**25 // matrix.nbytes)  # a timing of at least 32 MiB read
     with one_blas_thread():
-        row @ matrix, matrix @ column  # first touch
+        row @ matrix  # first touch
         seconds = min(
             _best(lambda: row @ matrix, number, repeats),  # (1, cols): y = x·A
             _best(lambda: matrix @ column, number, repeats),  # (rows, 1): y = A·x
+            _best(lambda: first @ second, number, repeats),  # a scalar: sdot
         )
-    return matrix.nbytes / seconds
+    return 2 * first.nbytes / seconds
 
 
 def measure_machine(repeats=5, l3=None):
