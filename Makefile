@@ -101,7 +101,7 @@ lab: $(BIN)/.lab-installed site
 ## make pdf: the whole book as one PDF, _build/pdf/exact-by-construction.pdf: the machine's
 ## headless chromium prints a single-page build (no browser is downloaded)
 pdf: site
-	SPECDEC_STATIC_SITE=1 $(BIN)/jupyter-book build . --builder singlehtml --warningiserror --nitpick --keep-going
+	SPECDEC_STATIC_SITE=1 SPECDEC_RATES=$(RATES) $(BIN)/jupyter-book build . --builder singlehtml --warningiserror --nitpick --keep-going
 	$(BIN)/python scripts/pdf.py _build/singlehtml/book/intro.html _build/pdf/exact-by-construction.pdf
 
 ## make bench: time the literal loops against the vectorised engine

@@ -3,10 +3,12 @@ the one measurement shared by chapters 8 and 9, the clock's two checks, and the 
 at a phone's width. Each check is paired with a control that it rejects."""
 
 import os
+import re
 import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -247,3 +249,23 @@ def test_the_roofline_legend_is_outside_the_data_and_no_markers_overlap(rates):
         if line.get_marker() in ("None", "")
     }
     assert len(roofs_drawn) == 3  # L3, DRAM and GEMM: three line styles
+
+
+# ---- One measurement, two chapters -----------------------------------------------------------
+
+SITE = Path(__file__).resolve().parents[1] / "_build" / "html" / "book"
+DRAM_RATE = re.compile(r"([\d.]+)\s*GB/s from DRAM")
+
+
+def dram_rates(html):
+    """Every DRAM read rate a page prints, as text."""
+    return set(DRAM_RATE.findall(re.sub(r"<[^>]+>", "", html)))
+
+
+@pytest.mark.site
+def test_chapters_8_and_9_print_the_same_dram_rate():
+    """The control: two pages that print different rates are told apart."""
+    ch8 = dram_rates((SITE / "ch8_stopwatch.html").read_text())
+    ch9 = dram_rates((SITE / "ch9_trained_pair.html").read_text())
+    assert len(ch8) == 1 and ch8 == ch9, (ch8, ch9)
+    assert dram_rates("reads <span>15.8</span> GB/s from DRAM") != dram_rates("10.0 GB/s from DRAM")
