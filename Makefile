@@ -56,19 +56,24 @@ $(BIN)/.lab-installed: $(BIN)/.installed requirements-lab.txt
 	cp scripts/lab-overrides.json $(VENV)/share/jupyter/lab/settings/overrides.json
 	touch $@
 
+# This machine's roofs, measured by the first chapter that needs them and read by the others
+# (specdec/roofs.py, machine_rates), so that chapters 8 and 9 print one measurement; made anew
+# with the execution cache.
+RATES := $(CURDIR)/_build/machine-rates.json
+
 # The execution cache keys on a chapter's own code only: drop it, and the pages and images made
 # from it, whenever a module (the front door or the package), its shipped data (weights, corpus,
 # stored results) or the installed packages change.
 _build/.core-stamp: specdec_core.py $(wildcard specdec/*.py specdec/weights/* specdec/data/*) \
 		$(wildcard specdec/*.js specdec/vendor/*) \
 		$(BIN)/.installed
-	rm -rf _build/.jupyter_cache _build/.doctrees _build/jupyter_execute $(SITE)
+	rm -rf _build/.jupyter_cache _build/.doctrees _build/jupyter_execute $(SITE) $(RATES)
 	@mkdir -p $(@D)
 	touch $@
 
 ## make: execute every chapter (cached) and build the HTML site, warnings as errors
 site: $(BIN)/.installed $(NOTEBOOKS) _build/.core-stamp
-	SPECDEC_STATIC_SITE=1 $(BIN)/jupyter-book build . --warningiserror --nitpick --keep-going
+	SPECDEC_STATIC_SITE=1 SPECDEC_RATES=$(RATES) $(BIN)/jupyter-book build . --warningiserror --nitpick --keep-going
 	@echo "The site is at $(CURDIR)/$(SITE)/index.html"
 
 ## make test: lint, unit tests of the core, every chapter executed, and the built site checked
@@ -96,7 +101,7 @@ lab: $(BIN)/.lab-installed site
 ## make pdf: the whole book as one PDF, _build/pdf/exact-by-construction.pdf: the machine's
 ## headless chromium prints a single-page build (no browser is downloaded)
 pdf: site
-	SPECDEC_STATIC_SITE=1 $(BIN)/jupyter-book build . --builder singlehtml --warningiserror --nitpick --keep-going
+	SPECDEC_STATIC_SITE=1 SPECDEC_RATES=$(RATES) $(BIN)/jupyter-book build . --builder singlehtml --warningiserror --nitpick --keep-going
 	$(BIN)/python scripts/pdf.py _build/singlehtml/book/intro.html _build/pdf/exact-by-construction.pdf
 
 ## make bench: time the literal loops against the vectorised engine

@@ -34,6 +34,7 @@ above it in this list. This file gathers their public names: every name works as
     article      what the article and the papers report                       all
     experiments  the seeded checks of chapters 1–4                            1–4
     transformer  a numpy transformer with a KV cache, the stopwatch           8
+    roofs        the machine's roofs, measured once a build; the clock        8–9
     runtime      the same transformer run by ONNX Runtime: chapter 9's clock  9
     loading      the trained pair's files, each read after every check       9
     pair         the trained pair: generation, checks, plots                  9

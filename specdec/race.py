@@ -13,6 +13,9 @@ The prediction uses nothing from the race itself:
 3. `sampled_alpha`: α as the mean of β = Σ min(p, q) along the target's own samples (the
    contexts decoding meets), with its standard error.
 
+Every time is the timing thread's CPU time (`roofs.thread_seconds`), with one BLAS thread and
+ONNX Runtime on one intra-op thread: the work a call does runs on that thread.
+
 `predict` combines them with the expected steps of a run of N tokens under Equation 1's model,
 the last step's overshoot counted (`expected_steps`), and `prediction_band` gives its spread
 from the costs' and α's. `race` then times plain and speculative decoding interleaved (plain,
@@ -48,19 +51,13 @@ from .intervals import (
     summarise,
     variance_components,
 )
+from .roofs import matrix_weights, on_one_thread
+from .roofs import thread_seconds as _seconds
 from .rule import EXACT_RULE
 from .runtime import RuntimeTransformer
 from .theory import expected_tokens, walltime_speedup
 from .transformer import TinyTransformer, one_blas_thread, quick_law, softmax_law
 from .verify import _sample_rows, _verify
-
-
-def _seconds(fn, *args):
-    """Wall-clock seconds of one call fn(*args)."""
-    start = time.perf_counter()
-    fn(*args)
-    return time.perf_counter() - start
-
 
 # ---- 1. Isolated call costs ---------------------------------------------------------------
 
@@ -114,10 +111,10 @@ def _step_draft_costs(target, model, ids, start, gammas, repeats):
         for g in gammas:
             target.forward(ids[None, start : start + g + 1])
             target.rollback(back)
-            begin = time.perf_counter()
+            begin = time.thread_time()
             for i in range(g):
                 model.forward(ids[None, start + i : start + i + 1])
-            times[g].append(time.perf_counter() - begin)
+            times[g].append(time.thread_time() - begin)
             model.rollback(back)
     return {g: float(np.median(t)) for g, t in times.items()}
 
@@ -235,6 +232,7 @@ def _replayed(pair, draft):
     return _with_models(pair, Replay(pair.target), drafts)
 
 
+@on_one_thread
 def loop_overhead(pair, draft, gamma, prompt, n_tokens, seed, repeats=5):
     """(seconds per step outside model calls, steps): the run replayed with lookups for calls.
 
@@ -370,6 +368,7 @@ def speedup_cap(costs, o_plain, o_step, draft, gamma, n_tokens):
 # ---- 5. The race: interleaved; intervals over prompts; the best chosen on other prompts ------
 
 
+@on_one_thread
 def race(pair, settings, prompts, n_tokens, repeats, seed=9):
     """Rows of seconds: for each prompt and repeat, plain, then each (draft, γ) of settings
     each followed by plain again, so every speculative run sits between two plain ones."""
@@ -380,9 +379,9 @@ def race(pair, settings, prompts, n_tokens, repeats, seed=9):
             plain = _seconds(pair.run, prompt, n_tokens, 1, np.random.default_rng(seeds[0]))
             for k, (draft, gamma) in enumerate(settings):
                 rng = np.random.default_rng(seeds[k + 1])
-                start = time.perf_counter()
+                start = time.thread_time()
                 run = pair.run(prompt, n_tokens, gamma, rng, draft)
-                seconds = time.perf_counter() - start
+                seconds = time.thread_time() - start
                 after = _seconds(pair.run, prompt, n_tokens, 1, np.random.default_rng(seeds[0]))
                 rows.append(
                     {
@@ -405,59 +404,6 @@ def race(pair, settings, prompts, n_tokens, repeats, seed=9):
 # SXM datasheet gives 3.35 TB/s of HBM3 bandwidth and 1,979 TFLOP/s of BF16 tensor throughput
 # with sparsity, so about 989 TFLOP/s dense (https://www.nvidia.com/en-us/data-center/h100/).
 H100_BYTES_PER_S, H100_FLOPS, H100_BYTES_PER_WEIGHT = 3.35e12, 989e12, 2  # BF16 weights
-
-
-class Machine(NamedTuple):
-    """This machine's rates, one thread: GEMM, reads from L3 and from DRAM, the L3's size."""
-
-    gemm: float  # FLOP/s of a 1,024² float32 matrix product
-    l3_read: float  # bytes/s reading an array that fits in L3
-    dram_read: float  # bytes/s reading one eight times the L3
-    l3_bytes: int
-
-
-def l3_bytes(default=32 * 2**20):
-    """The last-level cache's size from sysfs (Linux), else default."""
-    try:
-        text = open("/sys/devices/system/cpu/cpu0/cache/index3/size").read().strip()
-        return int(text.rstrip("K")) * 1024 if text.endswith("K") else int(text)
-    except (OSError, ValueError):
-        return default
-
-
-def _read_rate(n_bytes, repeats):
-    """Bytes/s of the fastest of repeats single-thread reads of an n_bytes float32 array."""
-    a = np.ones(n_bytes // 4, dtype=np.float32)
-    a.sum()  # first touch
-    return n_bytes / min(_seconds(a.sum) for _ in range(repeats))
-
-
-def machine_rates(repeats=5, l3=None):
-    """Machine: the rates a call of any model here is bounded by, one BLAS thread (l3: the
-    cache size to assume, else the machine's)."""
-    rng = np.random.default_rng(0)
-    a = rng.standard_normal((1024, 1024), dtype=np.float32)
-    l3 = l3_bytes() if l3 is None else l3
-    with one_blas_thread():
-        a @ a
-        gemm = 2 * 1024**3 / min(_seconds(a.__matmul__, a) for _ in range(repeats))
-        l3_read = _read_rate(l3 // 4, 4 * repeats)
-        dram_read = _read_rate(8 * l3, repeats)
-    return Machine(gemm, l3_read, dram_read, l3)
-
-
-def floor_seconds(config, n, rates):
-    """The least time a call scoring n positions can take here: reading its weights once from
-    L3 or DRAM (whichever holds them), or its FLOP at the GEMM rate, whichever is longer."""
-    weights = matrix_weights(config)
-    read = rates.l3_read if 4 * weights <= rates.l3_bytes else rates.dram_read
-    return max(4 * weights / read, 2 * weights * n / rates.gemm)
-
-
-def matrix_weights(config):
-    """Weights a call reads in full and multiplies by each position: layers and unembedding."""
-    d = config.d_model
-    return config.n_layers * (4 + 2 * config.ff_mult) * d * d + d * config.n_outputs
 
 
 def roofline_points(models, positions=(1, 5), repeats=7, context=48):
@@ -483,54 +429,68 @@ def roofline_points(models, positions=(1, 5), repeats=7, context=48):
     return pd.DataFrame(rows)
 
 
+IMPLEMENTATIONS = {"numpy": "numpy", "runtime": "ONNX Runtime"}  # panel titles of the roofline
+
+
+def _roofs(ax, rates):
+    """This machine's three roofs on ax, each to its ridge: reads from L3 (dashed) and from
+    DRAM (solid), and the GEMM rate (dash-dot), in GFLOP/s against FLOP per byte."""
+    ridge = rates.gemm / np.array([rates.l3_read, rates.dram_read])  # FLOP per byte
+    for read, end, style in zip((rates.l3_read, rates.dram_read), ridge, ("--", "-")):
+        x = np.geomspace(0.01, end, 50)
+        ax.plot(x, read * x / 1e9, color="black", linestyle=style, linewidth=1.6)
+    ax.plot([ridge.min(), 1e3], [rates.gemm / 1e9] * 2, color="black", linestyle="-.")
+
+
 def plot_roofline(points, rates):
-    """Two rooflines, one above the other: this machine's, measured (roofs from `rates`; each
-    model a colour, numpy hollow and ONNX Runtime filled, at n = 1 and 5 positions), and an
-    H100's, computed from its datasheet for BF16 weights (no point on it is a measurement).
-    Each model keeps chapter 9's colour and marker (`pair.model_style`); the legend sits above."""
+    """Rooflines, one above the other: this machine's, measured, a panel for each
+    implementation (roofs from `rates`; each model its colour and marker from `pair.model_style`,
+    a line from n = 1 to n = 5 positions, models set a little apart sideways so that no two
+    markers overlap), then an H100's, computed from its datasheet for BF16 weights (no point on
+    it is a measurement). The legend sits above the panels, outside the data."""
     from matplotlib.lines import Line2D
 
     from .pair import model_style
     from .style import OKABE_ITO, new_figure
 
-    fig, (top, bottom) = new_figure(nrows=2, figsize=(6.4, 11.5))
+    kinds = list(dict.fromkeys(points.implementation))
+    fig, axes = new_figure(nrows=len(kinds) + 1, figsize=(6.4, 3.9 * len(kinds) + 5.2))
     fig.set_layout_engine("constrained")
-    x = np.logspace(-1, 3.5, 200)
-    top.plot(x, np.minimum(rates.gemm, rates.l3_read * x) / 1e9, "k--")
-    top.plot(x, np.minimum(rates.gemm, rates.dram_read * x) / 1e9, "k-")
     models = list(dict.fromkeys(points.model))
-    for (model, implementation), group in points.groupby(["model", "implementation"], sort=False):
-        style = model_style(model)
-        numpy = implementation == "numpy"
-        top.plot(
-            group.flops / group.bytes,
-            group.flops / group.seconds / 1e9,
-            linestyle=":" if numpy else "-",
-            markerfacecolor="white" if numpy else style["color"],
-            markersize=9,
-            **style,
+    apart = 1.12 ** (np.arange(len(models)) - (len(models) - 1) / 2)  # sideways, ×1.12 apart
+    for ax, kind in zip(axes, kinds):
+        _roofs(ax, rates)
+        for model, shift in zip(models, apart):
+            rows = points[(points.model == model) & (points.implementation == kind)]
+            ax.plot(
+                rows.flops / rows.bytes * shift,
+                rows.flops / rows.seconds / 1e9,
+                linestyle=":",  # a model's two calls, joined: dotted, unlike every roof
+                linewidth=1.5,
+                markersize=10,
+                **model_style(model),
+            )
+        ax.set(
+            xscale="log",
+            yscale="log",
+            xlim=(0.3, 10),
+            ylim=(0.1, 3 * rates.gemm / 1e9),
+            ylabel="GFLOP/s, one thread",
+            title=f"{IMPLEMENTATIONS.get(kind, kind)}: this machine, measured",
         )
+        ax.set_xticks([0.5, 1, 2.5, 5], ["0.5\nn = 1", "1", "2.5\nn = 5", "5"])
+        ax.set_xlabel("FLOP per byte of weights (n/2)")
     handles = [
-        Line2D([], [], color="k", linestyle="--", label="roof: weights in L3"),
-        Line2D([], [], color="k", label="roof: weights in DRAM"),
-        Line2D([], [], color="k", linestyle=":", label="numpy: hollow"),
-        Line2D([], [], color="k", label="ONNX Runtime: filled"),
-    ]
-    handles += [
-        Line2D([], [], linestyle="", markersize=9, label=model, **model_style(model))
-        for model in models
-    ]
+        Line2D([], [], color="black", linestyle=style, label=label)
+        for style, label in [
+            ("--", f"L3 roof, {rates.l3_read / 1e9:.0f} GB/s"),
+            ("-", f"DRAM roof, {rates.dram_read / 1e9:.0f} GB/s"),
+            ("-.", f"GEMM roof, {rates.gemm / 1e9:.0f} GFLOP/s"),
+        ]
+    ] + [Line2D([], [], linestyle=":", markersize=10, label=m, **model_style(m)) for m in models]
     fig.legend(handles=handles, loc="outside upper center", ncol=2)
-    top.set(
-        xscale="log",
-        yscale="log",
-        xlim=(0.2, 20),
-        ylim=(0.1, 2 * rates.gemm / 1e9),
-        xlabel="FLOP per byte of weights (n/2)",
-        ylabel="GFLOP/s, one thread",
-    )
-    top.set_title("This machine, measured (n = 1 and 5)")
-    ridge = H100_FLOPS / H100_BYTES_PER_S
+    bottom, ridge = axes[-1], H100_FLOPS / H100_BYTES_PER_S
+    x = np.logspace(-1, 3.5, 200)
     bottom.plot(x, np.minimum(H100_FLOPS, H100_BYTES_PER_S * x) / 1e12, "k-")
     for n in (1, 5, 64):
         intensity = n * 2 / H100_BYTES_PER_WEIGHT
@@ -748,12 +708,13 @@ class _Clocked:
 
     def forward(self, ids):
         """The model's forward, timed."""
-        start = time.perf_counter()
+        start = time.thread_time()
         out = self.model.forward(ids)
-        self.seconds.append(time.perf_counter() - start)
+        self.seconds.append(time.thread_time() - start)
         return out
 
 
+@on_one_thread
 def in_run_costs(pair, draft, gamma, prompts, n_tokens, seed=5):
     """(median seconds of a target call inside speculative runs, of a draft call): the same calls
     as `call_costs` times alone, timed where the loop makes them, on runs apart from the race."""

@@ -478,15 +478,6 @@ def call_times(config, positions, repeats=5, context=64, batch=1):
     return out
 
 
-def read_bandwidth(n_bytes=256 * 2**20, repeats=5):
-    """Bytes per second of a single-thread dot product of two float32 vectors (a pure read)."""
-    a = np.ones(n_bytes // 8, dtype=np.float32)
-    b = np.ones_like(a)
-    with threadpool_limits(limits=BLAS_THREADS, user_api="blas"):
-        best = min(_seconds(lambda: a @ b) for _ in range(repeats))
-    return 2 * a.nbytes / best
-
-
 def timed_run(fn):
     """(CPU seconds of this thread, result) of fn() with one BLAS thread."""
     with threadpool_limits(limits=BLAS_THREADS, user_api="blas"):

@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 import specdec_core as sc
-from specdec import intervals, race
+from specdec import intervals, race, roofs
 from specdec.runtime import RuntimeTransformer
 from specdec.transformer import Config, TinyTransformer
 
@@ -147,7 +147,7 @@ def large():
 def test_the_large_target_loads_past_the_l3_and_its_runtime_twin_agrees(large):
     cfg = large.target.config
     assert (cfg.n_layers, cfg.d_model) == (4, 512)
-    assert race.matrix_weights(cfg) * 4 > 32 * 2**20  # float32 weights larger than a 32 MiB L3
+    assert roofs.matrix_weights(cfg) * 4 > 32 * 2**20  # float32 weights larger than a 32 MiB L3
     assert large.drafts.keys() == sc.load_pair().drafts.keys()  # the same drafts
     ids = np.stack([large.encode(large.heldout_text[s : s + 50]) for s in (0, 30_000)])
     fast = RuntimeTransformer.twin(large.target)
@@ -157,14 +157,6 @@ def test_the_large_target_loads_past_the_l3_and_its_runtime_twin_agrees(large):
 def test_load_pair_names_the_targets_it_knows():
     with pytest.raises(ValueError, match="target must be one of"):
         sc.load_pair(target="huge")
-
-
-def test_the_roofline_points_carry_each_call_s_flops_and_bytes(twin):
-    rows = race.roofline_points({("small", "runtime"): twin.target}, positions=(1, 3), repeats=2)
-    assert list(rows.n) == [1, 3] and (rows.seconds > 0).all()
-    assert np.allclose(rows.flops / rows.bytes, rows.n / 2)  # 2 FLOP and 4 bytes per weight
-    rates = race.machine_rates(repeats=1, l3=2**20)  # rates only: no timing is compared here
-    assert min(rates.gemm, rates.l3_read, rates.dram_read) > 0 and rates.l3_bytes == 2**20
 
 
 def test_predict_and_race_fills_its_table_without_using_the_race(twin):
