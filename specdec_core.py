@@ -43,9 +43,8 @@ above it in this list. This file gathers their public names: every name works as
     race         costs apart, the prediction, the race, the roofline          9
     figures      the book's style, every plot, `FIGURES`                      all
 
-Each algorithm appears twice: a literal version that reads like the paper (dictionaries, one
-Python call per token) and a vectorised twin in numpy for the Monte Carlo; tests check that
-the two agree. Exact results use `fractions.Fraction`, computed from the integer counts.
+Each algorithm appears twice, literal as in the paper and vectorised in numpy for the Monte
+Carlo, tested to agree; exact results are `fractions.Fraction`s of the integer counts.
 """
 
 if __name__ == "__main__":  # python -m specdec_core audit TARGET: numpy and scipy only, no plots
@@ -53,7 +52,6 @@ if __name__ == "__main__":  # python -m specdec_core audit TARGET: numpy and sci
 
     run()
 
-# The modules in the book's order, as in the map above.
 from specdec.checks import *
 from specdec.style import *
 from specdec.models import *
