@@ -191,7 +191,8 @@ MATHJAX_SCRIPT = """/* MathJax for this book: TeX in, HTML out, MathML for scree
 
 
 def _lighten(app, exception):
-    """After a successful build: subset the icon script, and shrink every figure."""
+    """After a successful build: subset the icon script, shrink every figure, and serve the
+    book's own stylesheet and script without their comments."""
     if exception is not None or app.builder.format != "html":
         return
     outdir = Path(app.outdir)
@@ -213,6 +214,20 @@ def _lighten(app, exception):
         smaller = optimise_png(data)
         if smaller is not data:
             png.write_bytes(smaller)
+    for name in BOOK_STATIC:
+        if (static / name).exists():
+            (static / name).write_text(without_comments((static / name).read_text()))
+
+
+BOOK_STATIC = ("book.css", "book.js")  # _static/: commented for maintainers, served without
+
+
+def without_comments(text):
+    """CSS or JavaScript without its /* */ comments, indentation and blank lines (about 6 kB of
+    the 14 kB every page loads; chapter 5 sits at its 2 MB page-weight budget). Neither file has
+    "/*" inside a string, a regular expression or a url()."""
+    text = re.sub(r"/\*.*?\*/", "", text, flags=re.S)
+    return "".join(line.strip() + "\n" for line in text.splitlines() if line.strip())
 
 
 def setup(app):

@@ -273,3 +273,18 @@ def test_require_browser_zero_means_not_required(tmp_path, value, outcome):
         timeout=300,
     )
     assert outcome in result.stdout, result.stdout[-2000:]
+
+
+def test_the_site_serves_its_stylesheet_and_script_without_comments():
+    """scripts/book_site.py drops comments, indentation and blank lines and nothing else: the
+    rules and statements are the source's, token for token (the control: the source itself has
+    the comments this check looks for)."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import book_site
+
+    for name in book_site.BOOK_STATIC:
+        source = (ROOT / "_static" / name).read_text()
+        served = book_site.without_comments(source)
+        assert "/*" in source and "/*" not in served and len(served) < 0.75 * len(source)
+        tokens = re.sub(r"/\*.*?\*/", " ", source, flags=re.S).split()
+        assert served.split() == tokens
