@@ -42,7 +42,7 @@ def main():
         print(f"\n{label}: T(1) {result.costs.t1 * 1e3:.2f} ms, {result.seconds:.0f} s")
         columns = ["draft", "gamma", "α", "c", "v(γ)", "o", "E[tokens]", "tokens, finite N",
                    "tokens, untimed", "predicted", "predicted from", "predicted to", "speedup",
-                   "low", "high", "cap", "inside"]  # fmt: skip
+                   "low", "high", "cap", "above cap", "inside"]  # fmt: skip
         print(result.table[columns].round(3).to_string(index=False))
         noise = result.components
         print(
