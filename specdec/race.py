@@ -17,8 +17,8 @@ Every time is the timing thread's CPU time (`roofs.thread_seconds`), with one BL
 ONNX Runtime on one intra-op thread: the work a call does runs on that thread.
 
 `predict` combines them with the expected steps of a run of N tokens under Equation 1's model,
-the last step's overshoot counted (`expected_steps`), and `prediction_band` gives its spread
-from the costs' and α's. `race` then times plain and speculative decoding interleaved (plain,
+the last step's overshoot counted (`expected_steps`), and `prediction_band` gives its spread,
+which comes from the costs' and α's. `race` then times plain and speculative decoding (plain,
 setting, plain, ...); `summarise` gives each setting's speedup with a t-interval over prompts
 (`prompt_interval`), cut at the most the costs allow (`speedup_cap`); `confirm` races the best
 setting again on fresh prompts. `coverage` measures how often such an interval covers a known
