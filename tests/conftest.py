@@ -17,6 +17,22 @@ def rng():
     return np.random.default_rng(20231)
 
 
+@pytest.fixture(scope="module")
+def pair():
+    """The shipped trained pair (chapter 9), loaded once a module."""
+    import specdec_core as sc
+
+    return sc.load_pair()
+
+
+@pytest.fixture(scope="module")
+def twin(pair):
+    """The same pair run by ONNX Runtime (chapter 9's clock)."""
+    from specdec import race
+
+    return race.on_runtime(pair)
+
+
 # The longest test, about two minutes of which most is spent waiting on its kernels.
 LONGEST = "test_the_archive_runs_in_a_fresh_venv_outside_the_repository"
 

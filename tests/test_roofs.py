@@ -14,19 +14,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-import specdec_core as sc
 from specdec import race, roofs
 from specdec.transformer import Config, one_blas_thread
-
-
-@pytest.fixture(scope="module")
-def pair():
-    return sc.load_pair()
-
-
-@pytest.fixture(scope="module")
-def twin(pair):
-    return race.on_runtime(pair)
 
 
 @pytest.fixture(scope="module")

@@ -18,16 +18,6 @@ from specdec.transformer import Config, TinyTransformer
 LOGIT_TOLERANCE = 2.5e-5
 
 
-@pytest.fixture(scope="module")
-def pair():
-    return sc.load_pair()
-
-
-@pytest.fixture(scope="module")
-def twin(pair):
-    return race.on_runtime(pair)
-
-
 def _logits(model, ids, split):
     """Logits of ids (B, T) in two calls: a prefill of the first `split`, then the rest."""
     model.reset(len(ids), ids.shape[1])
