@@ -42,6 +42,7 @@ from .projections import (
     output_problem,
     run_scenario,
 )
+from .stats import clopper_pearson
 
 AUDIT_LEVEL = 1e-3  # chance that the whole audit fails an exact verifier
 AUDIT_TV = 0.08  # a verifier whose law is this far off in one scenario ...
@@ -669,13 +670,6 @@ def false_alarm_record(path=FALSE_ALARMS):
     return record
 
 
-def _clopper_pearson(alarms, runs):
-    """The exact 95 % interval of a binomial proportion: (low, high)."""
-    low = stats.beta.ppf(0.025, alarms, runs - alarms + 1) if alarms else 0.0
-    high = stats.beta.ppf(0.975, alarms + 1, runs - alarms) if alarms < runs else 1.0
-    return float(low), float(high)
-
-
 def _null_small(runs, level, rng):
     """Alarms (runs,) of the small suite on an exact verifier: each scenario's completed counts
     drawn from its law (multinomial), tested by the audit's own _small_tests."""
@@ -768,7 +762,7 @@ def null_false_alarms(suite="small", runs=10_000, seed=0, level=AUDIT_LEVEL, bat
     alarms = sum(
         int(simulate(min(batch, runs - start), rng=rng).sum()) for start in range(0, runs, batch)
     )
-    low, high = _clopper_pearson(alarms, runs)
+    low, high = clopper_pearson(alarms, runs)
     return {
         "suite": suite,
         "runs": runs,

@@ -8,7 +8,7 @@
   that cover less than they claim, kept as controls.
 - `variance_components` and `coverage`: a race's noise between prompts and between repeats,
   and how often an interval covers a known speedup in synthetic races with that noise.
-- `prediction_band`: a prediction's spread from the costs' and α's.
+- `prediction_band`: a prediction's spread from the costs', the loop overhead's and α's.
 - `summarise` and `confirm`: a race's table of intervals, and its best setting measured again on
   fresh prompts; `plot_prediction`, measured against predicted.
 """
@@ -54,16 +54,19 @@ def finite_tokens_per_call(alpha, gamma, n_tokens):
     return n_tokens / expected_steps(alpha, gamma, n_tokens)
 
 
-def prediction_band(predictions, slope, se, level=0.95):
+def prediction_band(predictions, slope, se, level=0.95, overheads=()):
     """(low, high): a normal band around the mean of predictions, each made from one of several
     independent measurements of the costs. The delta method adds α's part, (slope · s.e.)² with
-    slope = ∂ prediction / ∂α, to the costs' part, the variance of the predictions' mean."""
+    slope = ∂ prediction / ∂α, to the costs' part, the variance of the predictions' mean; and,
+    given overheads (predictions each made with the loop's overhead measured on one prompt, the
+    costs held at their mean), the variance of their mean, which is o's part."""
     from scipy.stats import norm
 
     each = _as_real_array(predictions, "predictions")
     _check_nonnegative(se, "se")
-    costs = each.var(ddof=1) / len(each) if len(each) > 1 else 0.0
-    half = float(norm.ppf(0.5 + level / 2)) * float(np.sqrt((slope * se) ** 2 + costs))
+    spread = [each] + ([_as_real_array(overheads, "overheads")] if len(overheads) else [])
+    variance = (slope * se) ** 2 + sum(x.var(ddof=1) / len(x) for x in spread if len(x) > 1)
+    half = float(norm.ppf(0.5 + level / 2)) * float(np.sqrt(variance))
     return float(each.mean()) - half, float(each.mean()) + half
 
 
@@ -285,7 +288,8 @@ def confirm(table, fresh_rows, cap=np.inf, level=0.95):
 def plot_prediction(table, title):
     """Measured speedup (with its 95 % interval) against the speedup predicted before the race,
     one marker per setting, in its draft's colour and marker (`pair.model_style`), labelled by
-    its γ; on the diagonal they agree. The legend sits above the plot."""
+    its γ, placed clear of the error bars and of the labels before it; on the diagonal they
+    agree. The legend sits above the plot."""
     from .pair import model_style
     from .style import new_figure
 
@@ -293,7 +297,11 @@ def plot_prediction(table, title):
     fig.set_layout_engine("constrained")
     low = min(table.low.min(), table.predicted.min(), 1.0) * 0.95
     high = max(table.high.max(), table.predicted.max(), 1.0) * 1.05
-    placed = []  # labels' anchors so far, in units of the axes' span
+    span = high - low  # every error bar, then each label placed, as boxes in the axes' units
+    placed = [
+        ((x - low) / span - 0.012, (x - low) / span + 0.012, (lo - low) / span, (hi - low) / span)
+        for x, lo, hi in zip(table.predicted, table.low, table.high)
+    ]
     for draft in dict.fromkeys(table.draft):
         rows = table[table.draft == draft]
         ax.errorbar(
@@ -306,7 +314,7 @@ def plot_prediction(table, title):
             **model_style(draft),
         )
         for x, y, gamma in zip(rows.predicted, rows.speedup, rows.gamma):
-            offset = _label_offset((x - low) / (high - low), (y - low) / (high - low), placed)
+            offset = _label_offset((x - low) / span, (y - low) / span, placed)
             ax.annotate(  # on a white ground, so that the diagonal and the bars do not cross it
                 f"γ = {gamma}",
                 (x, y),
@@ -334,12 +342,15 @@ def plot_prediction(table, title):
 def _label_offset(x, y, placed):
     """Offset in points of the label of a point at (x, y), in units of the axes' span: right of
     it, else left, above or below, whichever box clears every box in placed (x0, x1, y0, y1),
-    to which its own is added. A label spans about 0.13 × 0.045 of the axes."""
+    to which its own is added (the first, if none clears). A label spans about 0.13 × 0.045
+    of the axes."""
     for dx, dy in [(9, 0), (-9, 0), (9, 16), (-9, 16), (9, -16), (-9, -16)]:
         near, far = x + np.sign(dx) * 0.02, x + np.sign(dx) * 0.15
         box = (min(near, far), max(near, far), y + dy / 400 - 0.023, y + dy / 400 + 0.023)
         if not any(b[0] < box[1] and box[0] < b[1] and b[2] < box[3] and box[2] < b[3]
                    for b in placed):  # fmt: skip
-            break
-    placed.append(box)
+            placed.append(box)
+            return dx, dy
+    dx, dy = 9, 0
+    placed.append((x + 0.02, x + 0.15, y - 0.023, y + 0.023))
     return dx, dy

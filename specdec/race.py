@@ -18,11 +18,12 @@ ONNX Runtime on one intra-op thread: the work a call does runs on that thread.
 
 `predict` combines them with the expected steps of a run of N tokens under Equation 1's model,
 the last step's overshoot counted (`expected_steps`), and `prediction_band` gives its spread,
-which comes from the costs' and α's. `race` then times plain and speculative decoding (plain,
-setting, plain, ...); `summarise` gives each setting's speedup with a t-interval over prompts
-(`prompt_interval`), cut at the most the costs allow (`speedup_cap`); `confirm` races the best
-setting again on fresh prompts. `coverage` measures how often such an interval covers a known
-speedup, in synthetic races with the noise a real race showed (`variance_components`).
+which comes from the costs', the loop overhead's (over prompts) and α's. `race` then times
+plain and speculative decoding (plain, setting, plain, ...); `summarise` gives each setting's
+speedup with a t-interval over prompts (`prompt_interval`), cut at the most the costs allow
+(`speedup_cap`); `confirm` races the best setting again on fresh prompts. `coverage` measures
+how often such an interval covers a known speedup, in synthetic races with the noise a real
+race showed (`variance_components`).
 """
 
 import copy
@@ -565,16 +566,19 @@ def predict_and_race(
     alpha_rows=24,
     seed=9,
     cost_measurements=3,
+    overhead_prompts=3,
     n_races=4000,
 ):
-    """Measure the costs (cost_measurements times, for their spread), the loop's overhead and α
-    apart from the race, predict every (draft, γ), then race them on n_prompts held-out
-    prompts (disjoint from α's); choose the best there and race it again on n_prompts others.
-    Each interval's coverage is simulated for this design from the race's own noise."""
+    """Measure the costs (cost_measurements times, for their spread), the loop's overhead (on
+    overhead_prompts of α's prompts, for its spread) and α apart from the race, predict every
+    (draft, γ), then race them on n_prompts held-out prompts (disjoint from α's); choose the
+    best there and race it again on n_prompts others. Each interval's coverage is simulated
+    for this design from the race's own noise."""
     start = time.perf_counter()
     for gamma in gammas:
         _check_positive_count(gamma, "gamma", pair.context, "positions the models know")
     _check_positive_count(cost_measurements, "cost_measurements", 100, "timings of every call")
+    _check_positive_count(overhead_prompts, "overhead_prompts", alpha_rows, "α's prompts")
     settings = [(d, g) for d in drafts for g in gammas]
     prompts = prompts_from(pair, n_prompts, prompt_length, offset=1_000)
     fresh = prompts_from(pair, n_prompts, prompt_length, offset=36_000)  # past ch. 9's checks
@@ -592,9 +596,14 @@ def predict_and_race(
         for _ in range(cost_measurements)
     ]
     costs = _mean_costs(each)
-    o_plain = loop_overhead(pair, None, 1, prompts[0], n_tokens, seed)[0]
-    overhead = {s: loop_overhead(pair, *s, prompts[0], n_tokens, seed)[0] for s in settings}
     starts = prompts_from(pair, alpha_rows, prompt_length, offset=60_000, spacing=1_500)
+    # o on several of α's prompts (k = 0, 1, ...), apart from the race's: {setting: [o_k]}
+    each_o = {
+        s: [loop_overhead(pair, *s, p, n_tokens, seed)[0] for p in starts[:overhead_prompts]]
+        for s in [(None, 1)] + settings
+    }
+    o_plain = float(np.mean(each_o[None, 1]))
+    overhead = {s: float(np.mean(each_o[s])) for s in settings}
     alpha = sampled_alpha(pair, drafts, np.stack(starts), n_tokens, seed + 1)
     untimed = untimed_tokens_per_call(pair, settings, np.stack(starts), n_tokens, seed + 2)
     caps = {s: speedup_cap(costs, o_plain, overhead[s], *s, n_tokens) for s in settings}
@@ -615,7 +624,11 @@ def predict_and_race(
 
         h = min(1e-4, a / 2, (1 - a) / 2)
         slope = (forecast(costs, a + h) - forecast(costs, a - h)) / (2 * h)
-        low, high = prediction_band([forecast(m) for m in each], slope, se)
+        by_prompt = [  # o's part: the costs at their mean, o and o_plain from prompt k
+            predict(costs, plain_k, o_k, a, draft, gamma, n_tokens)
+            for plain_k, o_k in zip(each_o[None, 1], each_o[draft, gamma])
+        ]
+        low, high = prediction_band([forecast(m) for m in each], slope, se, overheads=by_prompt)
         extra.append(
             {
                 "α": a,
@@ -625,6 +638,9 @@ def predict_and_race(
                 "c in a step": costs.drafting(draft, gamma) / (gamma * costs.t1),
                 "v(γ)": costs.v(gamma),
                 "o": o / costs.t1,
+                "o, s.d.": float(np.std(each_o[draft, gamma], ddof=1)) / costs.t1
+                if overhead_prompts > 1
+                else float("nan"),
                 "predicted": forecast(costs),
                 "predicted from": low,
                 "predicted to": high,

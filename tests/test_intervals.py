@@ -191,6 +191,19 @@ def test_the_prediction_band_adds_alpha_and_the_costs_spread():
         intervals.prediction_band([2.0], 1.0, -0.1)
 
 
+def test_the_prediction_band_adds_the_loop_overheads_spread():
+    """Predictions made with each prompt's o add the variance of their mean; the control, the
+    same call without them, is narrower by exactly that part."""
+    with_o = intervals.prediction_band([1.9, 2.1], 0.0, 0.0, overheads=[1.8, 2.0, 2.2])
+    without = intervals.prediction_band([1.9, 2.1], 0.0, 0.0)
+    costs = np.var([1.9, 2.1], ddof=1) / 2
+    o_part = np.var([1.8, 2.0, 2.2], ddof=1) / 3
+    assert with_o[1] - 2.0 == pytest.approx(1.959964 * np.sqrt(costs + o_part), rel=1e-5)
+    assert without[1] - 2.0 == pytest.approx(1.959964 * np.sqrt(costs), rel=1e-5)
+    with pytest.raises(ValueError, match="overheads"):
+        intervals.prediction_band([2.0], 0.0, 0.0, overheads=[2.0, float("nan")])
+
+
 def test_the_verdict_is_chosen_on_the_race_and_measured_on_fresh_prompts():
     """A setting lucky on the race's prompts is chosen there, and reported as measured on the
     fresh ones (the control: its race-prompt number, kept as chosen_at, is not reported)."""

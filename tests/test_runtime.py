@@ -163,8 +163,11 @@ def test_predict_and_race_fills_its_table_without_using_the_race(twin):
     assert result.table["predicted from"].iloc[0] <= row.predicted
     assert set(result.fresh.prompt) == {0, 1} and 0 <= result.coverage <= 1
     assert "measured speedup" in race.verdict_line(result)
+    assert result.table["o, s.d."].iloc[0] >= 0  # o timed on 3 of α's prompts, its spread
     with pytest.raises(ValueError, match="too short"):
         race.prompts_from(twin, 10**6, 16)
+    with pytest.raises(ValueError, match="overhead_prompts"):
+        race.predict_and_race(twin, ["bigram"], [2], 8, alpha_rows=4, overhead_prompts=5)
 
 
 def test_a_steps_draft_calls_replace_gamma_c_in_the_prediction_where_measured():
