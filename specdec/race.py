@@ -161,15 +161,21 @@ def call_costs(pair, drafts, max_positions, contexts, prompt_length, repeats=15,
 
 class Replay:
     """A model's cache interface that records the logits of each forward call of a run, then
-    returns them in order without computing anything: the same run, minus the model's time."""
+    returns them in order without computing anything: the same run, minus the model's time.
 
-    def __init__(self, model):
+    With evict=True a replayed call also reads a buffer as large as the model's weights, as
+    the real call reads them, so the loop meets the caches a real call leaves; `seconds` keeps
+    each replayed call's thread time (lookup and read), for the caller to take out."""
+
+    def __init__(self, model, evict=False):
         self.model, self.config = model, getattr(model, "config", None)
         self.outputs, self.replaying, self._next = [], False, 0
+        size = matrix_weights(self.config) if evict else 0
+        self.evicting, self.seconds = np.ones(size, np.float32), []
 
     def replay(self):
         """From now on, return the recorded logits in order, from the first."""
-        self.replaying, self._next = True, 0
+        self.replaying, self._next, self.seconds = True, 0, []
 
     @property
     def batch(self):
@@ -191,7 +197,10 @@ class Replay:
     def forward(self, ids):
         """The recorded logits of this call (replaying), or the model's (recording)."""
         if self.replaying:
+            start = time.thread_time()
             out, self._next = self.outputs[self._next], self._next + 1
+            self.evicting.dot(self.evicting)  # one read of every float, like the weights'
+            self.seconds.append(time.thread_time() - start)
         else:
             out = self.model.forward(ids)
             self.outputs.append(out)
@@ -227,32 +236,34 @@ def on_runtime(pair):
     return _with_models(pair, RuntimeTransformer.twin(pair.target), drafts)
 
 
-def _replayed(pair, draft):
+def _replayed(pair, draft, evict=False):
     """A copy of pair whose target (and draft) are Replay wrappers of the real ones."""
-    drafts = {} if draft is None else {draft: Replay(pair.drafts[draft])}
-    return _with_models(pair, Replay(pair.target), drafts)
+    drafts = {} if draft is None else {draft: Replay(pair.drafts[draft], evict)}
+    return _with_models(pair, Replay(pair.target, evict), drafts)
 
 
 @on_one_thread
-def loop_overhead(pair, draft, gamma, prompt, n_tokens, seed, repeats=5):
+def loop_overhead(pair, draft, gamma, prompt, n_tokens, seed, repeats=3, evict=True):
     """(seconds per step outside model calls, steps): the run replayed with lookups for calls.
 
-    The prefill is left out (it is a model call); plain decoding (draft None) has one step per
-    token."""
-    twin = _replayed(pair, draft)
+    With evict (the default) each replayed call reads as many floats as its model's weights,
+    untimed, so the loop's own work finds the caches as a real call leaves them; a real call
+    streams the weights through the caches, and without that read the loop runs warm and
+    faster than in a real run. The prefill is left out (it is a model call); plain decoding
+    (draft None) has one step per token."""
+    twin = _replayed(pair, draft, evict)
     run = twin.run(prompt, n_tokens, gamma, np.random.default_rng(seed), draft)
     models = [twin.target] + ([twin.drafts[draft]] if draft else [])
+    for model in models:
+        model.replay()
+    again = twin.run(prompt, n_tokens, gamma, np.random.default_rng(seed), draft)
+    assert np.array_equal(again.tokens, run.tokens), "a replay must retrace its run"
     times = []
     for _ in range(repeats):
         for model in models:
             model.replay()
-        again = twin.run(prompt, n_tokens, gamma, np.random.default_rng(seed), draft)
-        assert np.array_equal(again.tokens, run.tokens), "a replay must retrace its run"
-        for model in models:
-            model.replay()
-        times.append(
-            _seconds(twin.run, prompt, n_tokens, gamma, np.random.default_rng(seed), draft)
-        )
+        total = _seconds(twin.run, prompt, n_tokens, gamma, np.random.default_rng(seed), draft)
+        times.append(total - sum(sum(model.seconds) for model in models))
     return float(np.median(times)) / run.calls, run.calls
 
 
@@ -532,6 +543,7 @@ class Result(NamedTuple):
     fresh: pd.DataFrame | None = None  # the chosen setting's runs on fresh prompts
     components: Components | None = None  # the race's noise, between prompts and repeats
     coverage: float | None = None  # the intervals' coverage, simulated for this design
+    t1_each: tuple = ()  # T(1) from each of the cost measurements, seconds: its spread
 
 
 def prompts_from(pair, n_prompts, length, offset=0, spacing=2_000):
@@ -663,8 +675,9 @@ def predict_and_race(
         else coverage(prompt_interval, components, n_prompts, repeats, n_races, seed=seed)
     )
     seconds = time.perf_counter() - start
+    t1_each = tuple(m.t1 for m in each)
     return Result(table, verdict, costs, o_plain, alpha, rows, seconds, fresh_rows, components,
-                  covered)  # fmt: skip
+                  covered, t1_each)  # fmt: skip
 
 
 def method_ceilings(result, vocab, n_tokens, number=500, repeats=7):

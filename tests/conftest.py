@@ -1,7 +1,15 @@
 """Shared fixtures and helpers for the test suite."""
 
-import numpy as np
-import pytest
+import os
+
+# One BLAS thread in every test process and the processes it starts, set before numpy loads:
+# with `-n 2` two workers share the 2 cores, and OpenBLAS's idle threads spin while they wait.
+# Timings pin their own threads (`transformer.BLAS_THREADS`); no test measures speed.
+for _variable in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"):
+    os.environ.setdefault(_variable, "1")
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
 
 # Thresholds for chi-square tests at fixed seeds. Under the null hypothesis (the sample comes from
 # the law we test against) the p-value is uniform on [0, 1], so a correct sampler falls below

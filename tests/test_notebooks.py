@@ -197,8 +197,13 @@ def test_the_archive_runs_in_a_fresh_venv_outside_the_repository(tmp_path):
     assert [n.name for n in notebooks] == sorted(f"{c.stem}.ipynb" for c in CHAPTERS)
     # A Unix socket's path holds at most 107 bytes, and tmp_path's runtime folder is longer.
     with tempfile.TemporaryDirectory(prefix="kernels-", dir="/tmp") as runtime:
-        env = {"PATH": f"{venv / 'bin'}:/usr/bin:/bin", "HOME": str(tmp_path),
-               "MPLBACKEND": "Agg", "JUPYTER_RUNTIME_DIR": runtime}  # fmt: skip
+        env = {
+            "PATH": f"{venv / 'bin'}:/usr/bin:/bin",
+            "HOME": str(tmp_path),
+            "MPLBACKEND": "Agg",
+            "JUPYTER_RUNTIME_DIR": runtime,
+            "OPENBLAS_NUM_THREADS": "1",
+        }  # 9 kernels share 2 cores: one BLAS thread each, none spinning idle
         runs = [
             subprocess.Popen(
                 [str(python), "-c", RUN, n.name],

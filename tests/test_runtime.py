@@ -93,6 +93,42 @@ def test_replay_retraces_the_run_and_a_changed_run_is_caught(twin):
     assert not np.array_equal(first.tokens, other.tokens)
 
 
+def test_a_replayed_call_reads_its_models_weights_and_the_loop_time_leaves_it_out(twin):
+    """Each replayed call reads as many floats as the model's weights, and that read is kept
+    out of o; a real call's eviction of the caches is what it stands for."""
+    replayed = race._replayed(twin, "draft1-2000", evict=True)
+    assert replayed.target.evicting.size == roofs.matrix_weights(twin.target.config)
+    prompt = twin.encode(twin.heldout_text[300:316])
+    replayed.run(prompt, 8, 3, np.random.default_rng(2), "draft1-2000")
+    replayed.target.replay()
+    replayed.drafts["draft1-2000"].replay()
+    run = replayed.run(prompt, 8, 3, np.random.default_rng(2), "draft1-2000")
+    assert len(replayed.target.seconds) == run.calls  # one timed read per replayed call
+    assert race._replayed(twin, None).target.evicting.size == 0  # the control: no read
+
+
+def test_the_loop_runs_slower_after_a_call_that_evicts_the_caches(twin, monkeypatch):
+    """The cause of the in-run loop time above a warm replay's: on the large target, plain
+    decoding's time outside the calls was 3 to 4 times a warm replay's when each replayed call
+    read 50 MB (0.16–0.19 against 0.04–0.05 ms a token, quiet). Here each replayed call reads
+    64 MiB, past this machine's 32 MiB L3; the control reads 1 KiB, which evicts nothing.
+    Each o is the least of three medians: warm medians alone ranged 0.033–0.082 ms, reads of
+    64 MiB 0.19–0.27 ms, with a second process on the other core too. The threshold, twice
+    the warm time, sits between the two."""
+    prompt = twin.encode(twin.heldout_text[300:316])
+
+    def o(floats):
+        monkeypatch.setattr(race, "matrix_weights", lambda config: floats)
+        return min(
+            race.loop_overhead(twin, None, 1, prompt, 40, seed=2, repeats=5)[0] for _ in range(3)
+        )
+
+    warm = race.loop_overhead(twin, None, 1, prompt, 40, seed=2, repeats=5, evict=False)[0]
+    warm = min(warm, o(0))  # no read at all
+    assert o(16 * 2**20) > 2 * warm  # 64 MiB a call
+    assert o(256) < 2 * warm  # the control: 1 KiB a call
+
+
 def test_predict_is_theorem_3_8_when_calls_are_all_that_costs():
     """With v = 1, no overhead, no prefill and Equation 1's tokens per call, the prediction is
     Theorem 3.8 exactly."""
