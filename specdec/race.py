@@ -163,14 +163,15 @@ class Replay:
     """A model's cache interface that records the logits of each forward call of a run, then
     returns them in order without computing anything: the same run, minus the model's time.
 
-    With evict=True a replayed call also reads a buffer as large as the model's weights, as
-    the real call reads them, so the loop meets the caches a real call leaves; `seconds` keeps
-    each replayed call's thread time (lookup and read), for the caller to take out."""
+    With evict=True a replayed call of a transformer also reads a buffer as large as the
+    model's weights, as the real call reads them (a table model such as the bigram reads none),
+    so the loop meets the caches a real call leaves; `seconds` keeps each replayed call's
+    thread time (lookup and read), for the caller to take out."""
 
     def __init__(self, model, evict=False):
         self.model, self.config = model, getattr(model, "config", None)
         self.outputs, self.replaying, self._next = [], False, 0
-        size = matrix_weights(self.config) if evict else 0
+        size = matrix_weights(self.config) if evict and self.config is not None else 0
         self.evicting, self.seconds = np.ones(size, np.float32), []
 
     def replay(self):
