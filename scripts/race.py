@@ -49,6 +49,15 @@ def main():
             f"a run's log speedup varies by {noise.between_prompts:.3f} between prompts and "
             f"{noise.between_repeats:.3f} between repeats (s.d., pooled over settings)"
         )
+        table = result.table
+        untimed = table["predicted, untimed tokens"]
+        print(
+            f"measured over predicted, median over settings: "
+            f"{(table.speedup / table.predicted).median():.3f}; predicted with the untimed runs' "
+            f"tokens per call (dependence between positions included): "
+            f"{(table.speedup / untimed).median():.3f}, inside the interval at "
+            f"{int(untimed.between(table.low, table.high).sum())} of {len(table)} settings"
+        )
         ceilings = race.method_ceilings(result, len(pair.vocab), args.tokens)
         best = ceilings.loc[ceilings.ceiling.idxmax()]
         print(

@@ -7,7 +7,8 @@ The prediction uses nothing from the race itself:
    step's γ draft calls timed as a step makes them, right after a target call (which leaves
    the draft's data out of the caches); and the prompt's prefill.
 2. `loop_overhead`: the generation loop run with every model call replaced by a lookup of the
-   logits it returned before (`Replay`) gives the time a step spends outside model calls, o,
+   logits it returned before (`Replay`), and a read of as many floats as the model's weights
+   (the caches a real call leaves), gives the time a step spends outside model calls, o,
    and a plain token's, o_plain. `method_floor` times the part of it no leaner loop removes:
    `verify`, the target's laws and the draft's draws, at one row.
 3. `sampled_alpha`: α as the mean of β = Σ min(p, q) along the target's own samples (the
@@ -170,13 +171,15 @@ class Replay:
 
     def __init__(self, model, evict=False):
         self.model, self.config = model, getattr(model, "config", None)
-        self.outputs, self.replaying, self._next = [], False, 0
+        self.outputs, self.replaying, self._next, self.seconds = [], False, 0, []
         size = matrix_weights(self.config) if evict and self.config is not None else 0
-        self.evicting, self.seconds = np.ones(size, np.float32), []
+        self.buffer = self.evicting = np.ones(size, np.float32)
 
-    def replay(self):
-        """From now on, return the recorded logits in order, from the first."""
+    def replay(self, evict=True):
+        """From now on, return the recorded logits in order (reading the buffer unless not
+        evict)."""
         self.replaying, self._next, self.seconds = True, 0, []
+        self.evicting = self.buffer if evict else self.buffer[:0]
 
     @property
     def batch(self):
@@ -248,15 +251,14 @@ def loop_overhead(pair, draft, gamma, prompt, n_tokens, seed, repeats=3, evict=T
     """(seconds per step outside model calls, steps): the run replayed with lookups for calls.
 
     With evict (the default) each replayed call reads as many floats as its model's weights,
-    untimed, so the loop's own work finds the caches as a real call leaves them; a real call
-    streams the weights through the caches, and without that read the loop runs warm and
-    faster than in a real run. The prefill is left out (it is a model call); plain decoding
-    (draft None) has one step per token."""
+    untimed, as a real call streams its weights through the caches: without that read the
+    loop runs warm, faster than in a real run. The prefill is left out (it is a model call);
+    plain decoding (draft None) has one step per token."""
     twin = _replayed(pair, draft, evict)
     run = twin.run(prompt, n_tokens, gamma, np.random.default_rng(seed), draft)
     models = [twin.target] + ([twin.drafts[draft]] if draft else [])
     for model in models:
-        model.replay()
+        model.replay(evict=False)  # the check that the replay retraces the run reads nothing
     again = twin.run(prompt, n_tokens, gamma, np.random.default_rng(seed), draft)
     assert np.array_equal(again.tokens, run.tokens), "a replay must retrace its run"
     times = []
@@ -728,10 +730,10 @@ def verdict_line(result):
 
 
 class _Clocked:
-    """A model whose forward calls are timed, each call's seconds kept in order."""
+    """A model whose forward calls and prefills are timed, each call's seconds kept in order."""
 
     def __init__(self, model):
-        self.model, self.seconds = model, []
+        self.model, self.seconds, self.prefills = model, [], []
 
     def __getattr__(self, name):
         return getattr(self.model, name)
@@ -743,15 +745,36 @@ class _Clocked:
         self.seconds.append(time.thread_time() - start)
         return out
 
+    def prefill(self, ids):
+        """The model's prefill, timed."""
+        start = time.thread_time()
+        self.model.prefill(ids)
+        self.prefills.append(time.thread_time() - start)
+
+
+class InRun(NamedTuple):
+    """Costs timed where the loop makes them, in runs apart from the race (seconds)."""
+
+    target: float  # median target call
+    draft: float  # median draft call
+    loop: float  # median over runs of the time outside calls and prefills, per target call
+
 
 @on_one_thread
 def in_run_costs(pair, draft, gamma, prompts, n_tokens, seed=5):
-    """(median seconds of a target call inside speculative runs, of a draft call): the same calls
-    as `call_costs` times alone, timed where the loop makes them, on runs apart from the race."""
+    """InRun: the same calls as `call_costs` times alone, and the loop's own time that
+    `loop_overhead` replays, timed inside speculative runs apart from the race."""
     twin = _with_models(pair, _Clocked(pair.target), {draft: _Clocked(pair.drafts[draft])})
+    models, loops = (twin.target, twin.drafts[draft]), []
     for k, prompt in enumerate(prompts):
-        twin.run(prompt, n_tokens, gamma, np.random.default_rng([seed, k]), draft)
-    return float(np.median(twin.target.seconds)), float(np.median(twin.drafts[draft].seconds))
+        before = sum(sum(m.seconds) + sum(m.prefills) for m in models)
+        start = time.thread_time()
+        run = twin.run(prompt, n_tokens, gamma, np.random.default_rng([seed, k]), draft)
+        total = time.thread_time() - start
+        calls = sum(sum(m.seconds) + sum(m.prefills) for m in models) - before
+        loops.append((total - calls) / run.calls)
+    target, drafts = (float(np.median(m.seconds)) for m in models)
+    return InRun(target, drafts, float(np.median(loops)))
 
 
 def draft_after_target(pair, draft, gamma, context=32, repeats=15):

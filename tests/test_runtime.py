@@ -1,6 +1,7 @@
 """Chapter 9's clock: the ONNX Runtime twin equals the numpy reference, and the race's parts."""
 
 import copy
+import time
 
 import numpy as np
 import pandas as pd
@@ -97,14 +98,14 @@ def test_a_replayed_call_reads_its_models_weights_and_the_loop_time_leaves_it_ou
     """Each replayed call reads as many floats as the model's weights, and that read is kept
     out of o; a real call's eviction of the caches is what it stands for."""
     replayed = race._replayed(twin, "draft1-2000", evict=True)
-    assert replayed.target.evicting.size == roofs.matrix_weights(twin.target.config)
+    assert replayed.target.buffer.size == roofs.matrix_weights(twin.target.config)
     prompt = twin.encode(twin.heldout_text[300:316])
     replayed.run(prompt, 8, 3, np.random.default_rng(2), "draft1-2000")
     replayed.target.replay()
     replayed.drafts["draft1-2000"].replay()
     run = replayed.run(prompt, 8, 3, np.random.default_rng(2), "draft1-2000")
     assert len(replayed.target.seconds) == run.calls  # one timed read per replayed call
-    assert race._replayed(twin, None).target.evicting.size == 0  # the control: no read
+    assert race._replayed(twin, None).target.buffer.size == 0  # the control: no read
 
 
 def test_the_loop_runs_slower_after_a_call_that_evicts_the_caches(twin, monkeypatch):
@@ -127,6 +128,18 @@ def test_the_loop_runs_slower_after_a_call_that_evicts_the_caches(twin, monkeypa
     warm = min(warm, o(0))  # no read at all
     assert o(16 * 2**20) > 2 * warm  # 64 MiB a call
     assert o(256) < 2 * warm  # the control: 1 KiB a call
+
+
+def test_in_run_costs_split_a_run_into_calls_and_the_loop(twin):
+    """Target calls, draft calls and the loop's own time per target call, all positive; the
+    loop's share leaves the calls out, so it is below a whole run's time per target call."""
+    prompts = race.prompts_from(twin, 2, 16, offset=30_000)
+    got = race.in_run_costs(twin, "draft1-2000", 3, prompts, 24)
+    assert got.target > 0 and got.draft > 0 and got.loop > 0
+    start = time.thread_time()
+    run = twin.run(prompts[0], 24, 3, np.random.default_rng([5, 0]), "draft1-2000")
+    whole = (time.thread_time() - start) / run.calls
+    assert got.loop < whole  # the control: a whole run's time per call, calls included
 
 
 def test_predict_is_theorem_3_8_when_calls_are_all_that_costs():
