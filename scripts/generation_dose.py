@@ -50,17 +50,13 @@ def main():
     parser.add_argument("--values", type=float, nargs="+", help="the f or ε to run instead")
     args = parser.parse_args()
     pair = pm.load_pair()
-    defaults = ex.generation_test.__defaults__  # seed, n_prompts, n_tokens, prompt_length, ...
     meta = {
         "what": "generation_test verdicts per seed at its default size, against a bug planted "
         "in a fraction of steps (fraction: {bug: {f: runs}}) and a shift of one token's "
         "probability (shift: {epsilon: runs})",
         "draft": DRAFT,
         "gamma": GAMMA,
-        "n_prompts": defaults[1],
-        "n_tokens": defaults[2],
-        "prompt_length": defaults[3],
-        "level": ex.GENERATION_LEVEL,
+        **ex.default_size(),
         "shift_token": SHIFT_TOKEN,
         "load_average_at_start": round(os.getloadavg()[0], 2),
     }

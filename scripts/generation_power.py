@@ -50,15 +50,11 @@ def main():
     pair = pm.load_pair()
     begin, load = time.perf_counter(), os.getloadavg()[0]
     result = runs(pair, range(args.seeds))
-    defaults = ex.generation_test.__defaults__  # seed, n_prompts, n_tokens, prompt_length, ...
     record = {
         "what": "generation_test verdicts per seed, at its default size",
         "draft": DRAFT,
         "gamma": GAMMA,
-        "n_prompts": defaults[1],
-        "n_tokens": defaults[2],
-        "prompt_length": defaults[3],
-        "level": ex.GENERATION_LEVEL,
+        **ex.default_size(),
         "numpy": np.__version__,
         "wall_seconds": round(time.perf_counter() - begin, 1),
         "load_average_at_start": round(load, 2),

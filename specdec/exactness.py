@@ -7,6 +7,7 @@ whatever the prompt, the position or the path (kept draft, residual or bonus) it
 plants one bug in the same loop, for the negative controls.
 """
 
+import inspect
 from numbers import Integral, Real
 from pathlib import Path
 from typing import NamedTuple
@@ -149,6 +150,13 @@ def generation_test(
 # on an AVX2 machine) and an AVX-512 one gave KS statistics 1.2e-7 apart and p-values 6.4e-6 apart
 # (relative), with the same tokens. The bounds are 8 and 16 times those gaps.
 STATISTIC_SLACK, P_VALUE_SLACK = 1e-6, 1e-4
+
+
+def default_size():
+    """generation_test's default size and level, as its stored records name them."""
+    params = inspect.signature(generation_test).parameters
+    size = {k: params[k].default for k in ("n_prompts", "n_tokens", "prompt_length")}
+    return size | {"level": GENERATION_LEVEL}
 
 
 def reproduces(result, stored):

@@ -549,6 +549,11 @@ class Result(NamedTuple):
     t1_each: tuple = ()  # T(1) from each of the cost measurements, seconds: its spread
 
 
+def alpha_prompts(pair, n_prompts, length=16):
+    """α's prompts (and the untimed runs' and o's): held-out, past the race's and the fresh."""
+    return prompts_from(pair, n_prompts, length, offset=60_000, spacing=1_500)
+
+
 def prompts_from(pair, n_prompts, length, offset=0, spacing=2_000):
     """n_prompts held-out prompts (length ids each), spacing characters apart from offset."""
     text = pair.heldout_text
@@ -598,22 +603,14 @@ def predict_and_race(
     prompts = prompts_from(pair, n_prompts, prompt_length, offset=1_000)
     fresh = prompts_from(pair, n_prompts, prompt_length, offset=36_000)  # past ch. 9's checks
     contexts = [prompt_length + n_tokens * k // 4 for k in (1, 2, 3)]
+    timing = dict(repeats=max(15 // cost_measurements, 3), gammas=gammas)  # of each call
     each = [
-        call_costs(
-            pair,
-            drafts,
-            max(gammas) + 1,
-            contexts,
-            prompt_length,
-            repeats=max(15 // cost_measurements, 3),
-            gammas=gammas,
-        )  # fmt: skip
+        call_costs(pair, drafts, max(gammas) + 1, contexts, prompt_length, **timing)
         for _ in range(cost_measurements)
     ]
     costs = _mean_costs(each)
-    starts = prompts_from(pair, alpha_rows, prompt_length, offset=60_000, spacing=1_500)
-    # o on several of α's prompts (k = 0, 1, ...), apart from the race's: {setting: [o_k]}
-    each_o = {
+    starts = alpha_prompts(pair, alpha_rows, prompt_length)
+    each_o = {  # o on the first of α's prompts, apart from the race's: {setting: [o_k]}
         s: [loop_overhead(pair, *s, p, n_tokens, seed)[0] for p in starts[:overhead_prompts]]
         for s in [(None, 1)] + settings
     }
