@@ -1,7 +1,9 @@
 """The built site (`make` builds it first): self-contained, links intact, no local paths, and
 every page correct in a real browser (headless Chromium) with the network blocked."""
 
+import fcntl
 import functools
+import json
 import os
 import re
 import shutil
@@ -137,6 +139,7 @@ QUIET_SWITCHES = [
     "CertificateTransparencyComponentUpdater,DialMediaRouteProvider,InterestFeedContentSuggestions",
 ]
 PHONE, DESKTOP = 390, 1400
+PHONE_SCREEN = 844  # CSS px: a 390 x 844 phone
 
 
 def isolation(pid):
@@ -146,8 +149,18 @@ def isolation(pid):
     return own, sorted(line.split(":")[0].strip() for line in lines)
 
 
+@pytest.fixture(scope="session")
+def records(tmp_path_factory):
+    """A folder every worker of this test session shares: under xdist, the parent of each
+    worker's own temporary folder."""
+    base = tmp_path_factory.getbasetemp()
+    folder = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "site-loads"
+    folder.mkdir(exist_ok=True)
+    return folder
+
+
 @pytest.fixture(scope="module")
-def browser():
+def browser(records):
     """Headless Chromium, Debian's, in a fresh network namespace, with HOME, XDG dirs, TMPDIR and
     its profile in a temporary folder removed afterwards; skipped (or failed, with
     REQUIRE_BROWSER=1) where missing."""
@@ -184,7 +197,7 @@ def browser():
                     args=QUIET_SWITCHES,
                     env={**os.environ, **folders},
                 )
-                launched.home = home
+                launched.home, launched.records = home, records
                 yield launched
                 launched.close()
         finally:
@@ -330,9 +343,14 @@ MEASURE = """() => {
 
 
 def visit(browser, page_path, width=DESKTOP):
-    """Open a page from disk with every non-file request blocked; return what happened, with the
-    bytes of every file the page loaded (its weight on a first visit, nothing cached)."""
+    """Open a page from disk, in a window 844 px high on a phone and 900 px otherwise, with every
+    non-file request blocked, and return what happened: the bytes of every file the page loaded
+    (its weight on a first visit, nothing cached); MEASURE, and page_measures.MEASURE as a reader
+    first sees it ("reader"); on a phone, cue_contrasts ("cue"); and, once every dropdown is
+    open, page_measures.MEASURE again (reader "unfolded") and TABLES ("open tables"). One load
+    serves every check of a page at a width, and `load` shares it between the tests."""
     context, page, outside, errors = new_page(browser, width)
+    page.set_viewport_size({"width": width, "height": PHONE_SCREEN if width == PHONE else 900})
     loaded = set()
     page.on("request", lambda r: loaded.add(r.url) if r.url.startswith("file://") else None)
     page.goto(page_path.as_uri(), wait_until="load")
@@ -347,11 +365,32 @@ def visit(browser, page_path, width=DESKTOP):
         text: document.querySelector('main') ? document.querySelector('main').innerText : ''
     })""")
     result.update(page.evaluate(MEASURE))
-    context.close()
     files = {Path(unquote(urlsplit(url).path)) for url in loaded}
     result["weight"] = {str(f): f.stat().st_size for f in files if f.is_file()}
     result["text sizes"] = figure_text_sizes(page_path, result["drawn"])
+    result["reader"] = page.evaluate(page_measures.MEASURE)
+    if width == PHONE:
+        result["cue"] = cue_contrasts(page)
+    page.evaluate(page_measures.UNFOLD)
+    page.wait_for_timeout(200)  # book.js measures a table when its dropdown opens
+    result["reader"]["unfolded"] = page.evaluate(page_measures.MEASURE)
+    result["open tables"] = page.evaluate(TABLES)  # last: it scrolls the page
+    context.close()
     return result, outside, errors
+
+
+def load(browser, page_path, width=DESKTOP):
+    """visit() of a page of the built site, loaded once per test session and window whichever
+    worker asks first (the others read its record); any other page is visited afresh."""
+    if SITE not in page_path.parents:
+        return visit(browser, page_path, width)
+    name = "-".join(page_path.relative_to(SITE).with_suffix("").parts)
+    record = browser.records / f"{name}-{width}.json"
+    with open(record.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if not record.exists():
+            record.write_text(json.dumps(visit(browser, page_path, width)))
+    return tuple(json.loads(record.read_text()))
 
 
 def smallest_text_px(image, drawn_width, natural_width):
@@ -383,7 +422,7 @@ SMALLEST_TEXT = 9.0  # CSS px: the least font size of figure text at 390 px (iss
 
 @pytest.mark.parametrize("page_path", CONTENT_PAGES, ids=lambda p: p.stem)
 def test_page_in_a_real_browser(browser, page_path):
-    result, outside, errors = visit(browser, page_path)
+    result, outside, errors = load(browser, page_path)
     assert not outside, f"requests left the local site: {outside}"
     assert not errors, f"console errors: {errors}"
     assert all(width > 0 for _, width, _ in result["images"]), result["images"]
@@ -403,7 +442,7 @@ def test_page_on_a_phone(browser, page_path):
     """At 390 px: every formula inside its box (no sideways scroll), no math cut off, code that
     never wraps mid-word and scrolls only with a visible cue, every wide table with a scroll cue,
     every content image drawn at least 300 px wide, and no figure text under 9 CSS px."""
-    result, outside, errors = visit(browser, page_path, PHONE)
+    result, outside, errors = load(browser, page_path, PHONE)
     assert not outside and not errors, (outside, errors)
     assert not result["clipped"], f"math cut off at {PHONE} px: {result['clipped']}"
     assert not result["sticking"], f"formulas wider than their box: {result['sticking']}"
@@ -688,7 +727,6 @@ WORDS_PER_CHAPTER = 4_500  # visible words, dropdowns closed, unfolded code incl
 WORDS_ALL_CHAPTERS = 27_000  # over ch1 to ch9
 WORDS_BEFORE_FIGURE = 700
 LONG_SENTENCE, LONG_SENTENCES = 40, 5  # at most 5 sentences of over 40 words a chapter
-PHONE_SCREEN = 844  # CSS px: a 390 x 844 phone
 LANDING_FIGURE_SCREENS = 1.5  # the landing page's first figure, its middle, within 1.5 screens
 # The cue's shadow is 30 % black at the box's edge, fading over 0.9 em: with it, the box's last
 # 4 px measured 18 to 44 grey levels darker (median over the strip) than the same pixels once the
@@ -697,26 +735,13 @@ LANDING_FIGURE_SCREENS = 1.5  # the landing page's first figure, its middle, wit
 # must make the edge at least this much darker (of 255).
 CUE_CONTRAST = 10
 
-_measured = {}
 
-
-def reader_measures(browser, page_path, width=DESKTOP, height=900):
+def reader_measures(browser, page_path, width=DESKTOP):
     """page_measures.MEASURE on a page as a reader first sees it (dropdowns closed), and under
-    "unfolded" with every dropdown and folded cell open; cached per page and window."""
-    key = (str(page_path), width, height)
-    if key not in _measured:
-        context, page, outside, errors = new_page(browser, width)
-        page.set_viewport_size({"width": width, "height": height})
-        page.goto(page_path.as_uri(), wait_until="load")
-        settle(page)
-        measures = page.evaluate(page_measures.MEASURE)
-        page.evaluate(page_measures.UNFOLD)
-        page.wait_for_timeout(100)
-        measures["unfolded"] = page.evaluate(page_measures.MEASURE)
-        context.close()
-        assert not outside, outside
-        _measured[key] = measures
-    return _measured[key]
+    "unfolded" with every dropdown and folded cell open."""
+    result, outside, _ = load(browser, page_path, width)
+    assert not outside, outside
+    return result["reader"]
 
 
 # Each check takes a page's measures and returns what breaks issue 28's goal (falsy if nothing).
@@ -807,7 +832,7 @@ def test_the_reading_checks_can_fail(browser, tmp_path):
 
 def landing_figure_fault(browser, page_path):
     """How far below 1.5 phone screens the first figure's middle is drawn (None if within)."""
-    middle = reader_measures(browser, page_path, PHONE, PHONE_SCREEN)["figureMiddle"]
+    middle = reader_measures(browser, page_path, PHONE)["figureMiddle"]
     limit = LANDING_FIGURE_SCREENS * PHONE_SCREEN
     return None if middle is not None and middle <= limit else (middle, limit)
 
@@ -834,19 +859,23 @@ def test_the_landing_figure_check_can_fail(browser, tmp_path):
     assert landing_figure_fault(browser, early) is None
 
 
-def cue_contrasts(browser, page_path):
+HEADER_BOTTOM = """() => {
+    const header = document.querySelector('.bd-header-article');
+    return header ? Math.max(0, header.getBoundingClientRect().bottom) : 0;
+}"""
+
+
+def cue_contrasts(page):
     """For each table that hides some of its content in its box at 390 px (dropdowns closed;
     a box that hides only the padding of the last column hides nothing): how much darker the
     box's right edge is at the start of its scroll than at its end, in grey levels, the median
-    over the edge's last 4 px and first 400 px of height."""
+    over the edge's last 4 px and its first 400 px on screen below the theme's header. Each
+    box is left scrolled back to its start."""
     import io
     import statistics
 
     from PIL import Image
 
-    context, page, outside, errors = new_page(browser, PHONE)
-    page.goto(page_path.as_uri(), wait_until="load")
-    settle(page)
     count = page.evaluate(
         """() => {
         const scroller = e => ['auto', 'scroll'].includes(getComputedStyle(e).overflowX);
@@ -867,29 +896,32 @@ def cue_contrasts(browser, page_path):
     contrasts = {}
     for i in range(count):
         box = page.locator(f'[data-cue-box="{i}"]')
-        box.scroll_into_view_if_needed()
+        box.evaluate("b => b.scrollIntoView({block: 'center', behavior: 'instant'})")
         edges = []
         for where in ("0", "b.scrollWidth"):
             box.evaluate(f"b => {{ b.scrollLeft = {where}; }}")
             page.wait_for_timeout(50)
-            image = Image.open(io.BytesIO(box.screenshot())).convert("L")
-            width, height = image.size
-            edge = image.crop((width - 4, 0, width, min(height, 400)))
+            # the strip on screen, below the theme's sticky header; only it is drawn
+            r, top = box.bounding_box(), page.evaluate(HEADER_BOTTOM)
+            y = max(r["y"], top)
+            bottom = min(r["y"] + r["height"], y + 400, PHONE_SCREEN)
+            strip = {"x": r["x"] + r["width"] - 4, "y": y, "width": 4, "height": bottom - y}
+            edge = Image.open(io.BytesIO(page.screenshot(clip=strip))).convert("L")
             edges.append(statistics.median(edge.tobytes()))
         label = box.evaluate(
             "b => [...b.querySelectorAll('caption, th, td')].map(e => e.textContent.trim())"
             ".find(t => t).slice(0, 40)"
         )
         contrasts[f"{i}: {label}"] = edges[1] - edges[0]
-    context.close()
-    assert not outside, outside
+        box.evaluate("b => { b.scrollLeft = 0; }")
+    page.evaluate("() => window.scrollTo({top: 0, behavior: 'instant'})")
     return contrasts
 
 
 def test_wide_tables_show_the_scroll_cue_in_pixels_on_a_phone(browser):
     """Every table wider than its box on a phone shows the cue at its edge, drawn on screen."""
     with_tables = [p for p in CONTENT_PAGES if "<table" in p.read_text(encoding="utf-8")]
-    contrasts = {p.stem: cue_contrasts(browser, p) for p in with_tables}
+    contrasts = {p.stem: load(browser, p, PHONE)[0]["cue"] for p in with_tables}
     print("cue contrast (grey levels) of each wide table at 390 px:", contrasts)
     assert any(contrasts.values()), "no table scrolls sideways on a phone: the check saw nothing"
     faint = {
@@ -921,7 +953,7 @@ def test_the_cue_pixel_check_can_fail(browser, tmp_path):
             f'<link rel="stylesheet" href="{css}"><style>{THEME_COLOURS} {style}</style>'
             f'<main><div class="bd-content">{body}</div></main>'
         )
-        (contrast,) = cue_contrasts(browser, page).values()
+        (contrast,) = visit(browser, page, PHONE)[0]["cue"].values()
         assert (contrast >= CUE_CONTRAST) == shows, (name, contrast)
 
 
@@ -1017,15 +1049,9 @@ TABLES = """() => {
 
 def table_measures(browser, page_path, width):
     """TABLES on a page opened from disk at a given width, every dropdown open."""
-    context, page, outside, errors = new_page(browser, width)
-    page.goto(page_path.as_uri(), wait_until="load")
-    settle(page)
-    page.evaluate(page_measures.UNFOLD)
-    page.wait_for_timeout(200)  # book.js measures a table when its dropdown opens
-    found = page.evaluate(TABLES)
-    context.close()
+    result, outside, _ = load(browser, page_path, width)
     assert not outside, outside
-    return found
+    return result["open tables"]
 
 
 def too_wide(found):
