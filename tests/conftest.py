@@ -49,3 +49,13 @@ def pytest_collection_modifyitems(items):
     """Put the longest test first, so that with `-n 2` one worker starts it while the other
     runs the rest (the sort is stable: every other test keeps its place)."""
     items.sort(key=lambda item: item.name != LONGEST)
+
+
+@pytest.fixture(scope="session")
+def records(tmp_path_factory):
+    """A folder every worker of this test session shares: under xdist, the parent of each
+    worker's own temporary folder."""
+    base = tmp_path_factory.getbasetemp()
+    folder = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "site-loads"
+    folder.mkdir(exist_ok=True)
+    return folder

@@ -149,16 +149,6 @@ def isolation(pid):
     return own, sorted(line.split(":")[0].strip() for line in lines)
 
 
-@pytest.fixture(scope="session")
-def records(tmp_path_factory):
-    """A folder every worker of this test session shares: under xdist, the parent of each
-    worker's own temporary folder."""
-    base = tmp_path_factory.getbasetemp()
-    folder = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "site-loads"
-    folder.mkdir(exist_ok=True)
-    return folder
-
-
 @pytest.fixture(scope="module")
 def browser(records):
     """Headless Chromium, Debian's, in a fresh network namespace, with HOME, XDG dirs, TMPDIR and
