@@ -90,32 +90,27 @@ class Costs(NamedTuple):
         return (self.in_step or {}).get((name, gamma), gamma * self.draft[name])
 
 
-def _position_costs(model, ids, start, positions, repeats, room=None):
-    """{n: median seconds of forward on ids[start : start + n] after a cached ids[:start]}, in
-    a cache room + n - 1 positions wide, as the race allocates at γ = n - 1 (the runtime's
-    graph reads every allocated position); just wide enough when room is None."""
-    times, width = {n: [] for n in positions}, None
+def _position_costs(model, ids, start, positions, repeats):
+    """{n: median seconds of forward on ids[start : start + n] after a cached ids[:start]}."""
+    model.reset(1, start + max(positions))
+    model.prefill(ids[None, :start])
+    times = {n: [] for n in positions}
     for _ in range(repeats):
         for n in positions:  # interleaved, so that drift touches every n alike
-            if width != (want := start + max(positions) if room is None else room + n - 1):
-                model.reset(1, width := want)
-                model.prefill(ids[None, :start])
             times[n].append(_seconds(model.forward, ids[None, start : start + n]))
             model.rollback(np.array([start]))
     return {n: float(np.median(t)) for n, t in times.items()}
 
 
-def _step_draft_costs(target, model, ids, start, gammas, repeats, room=None):
+def _step_draft_costs(target, model, ids, start, gammas, repeats):
     """{γ: median seconds of γ draft calls, one new id each after a cached ids[:start], made
-    right after a target call scoring γ + 1 positions: the caches as a step leaves them, room
-    + γ positions wide (just wide enough when room is None)."""
-    back, times, width = np.array([start]), {g: [] for g in gammas}, None
+    right after a target call scoring γ + 1 positions: the caches as a step leaves them."""
+    for m in (target, model):
+        m.reset(1, start + max(gammas) + 1)
+        m.prefill(ids[None, :start])
+    back, times = np.array([start]), {g: [] for g in gammas}
     for _ in range(repeats):
         for g in gammas:
-            if width != (want := start + max(gammas) + 1 if room is None else room + g):
-                for m in (target, model):
-                    m.reset(1, width := want)
-                    m.prefill(ids[None, :start])
             target.forward(ids[None, start : start + g + 1])
             target.rollback(back)
             begin = time.thread_time()
@@ -126,30 +121,28 @@ def _step_draft_costs(target, model, ids, start, gammas, repeats, room=None):
     return {g: float(np.median(t)) for g, t in times.items()}
 
 
-def call_costs(
-    pair, drafts, max_positions, contexts, prompt_length, repeats=15, gammas=(), room=None
-):
+def call_costs(pair, drafts, max_positions, contexts, prompt_length, repeats=15, gammas=()):
     """Costs of the pair's calls at each context length in contexts (the race's), one BLAS
     thread; prefill of a prompt_length-token prompt; for each draft and each γ in gammas, a
-    step's γ draft calls after a target call. room: the race's cache width for plain decoding
-    (prompt + N); a call scoring n positions is timed in a cache room + n - 1 wide."""
+    step's γ draft calls after a target call."""
     _check_count(max_positions, "max_positions", pair.context)
     _check_count(repeats, "repeats")
-    if room is not None:
-        _check_count(room, "room", pair.context - max(max_positions - 1, 0, *gammas), "positions")
-        if room <= max(contexts):
-            raise ValueError(f"room must exceed every context length, got {room}")
     ids = pair.encode(pair.heldout_text[: pair.context])
     positions = list(range(1, max_positions + 1))
     with one_blas_thread():
-        target = [_position_costs(pair.target, ids, L, positions, repeats, room) for L in contexts]
-        alone = {n: [_position_costs(pair.drafts[n], ids, L, [1], repeats, room) for L in contexts]
-                 for n in drafts}  # fmt: skip
-        draft = {name: float(np.mean([t[1] for t in at])) for name, at in alone.items()}
+        target = [_position_costs(pair.target, ids, L, positions, repeats) for L in contexts]
+        draft = {
+            name: float(
+                np.mean(
+                    [_position_costs(pair.drafts[name], ids, L, [1], repeats)[1] for L in contexts]
+                )
+            )
+            for name in drafts
+        }
         in_step = {}
         for name in drafts if gammas else ():
             at = [
-                _step_draft_costs(pair.target, pair.drafts[name], ids, L, gammas, repeats, room)
+                _step_draft_costs(pair.target, pair.drafts[name], ids, L, gammas, repeats)
                 for L in contexts
             ]
             in_step |= {(name, g): float(np.mean([t[g] for t in at])) for g in gammas}
@@ -437,11 +430,17 @@ def roofline_points(models, positions=(1, 5), repeats=7, context=48):
         for (label, implementation), model in models.items():
             times = _position_costs(model, ids, context, list(positions), repeats)
             weights = matrix_weights(model.config)
-            rows += [
-                dict(model=label, implementation=implementation, n=n, seconds=times[n],
-                     flops=2.0 * weights * n, bytes=4.0 * weights)
-                for n in positions
-            ]  # fmt: skip
+            for n in positions:
+                rows.append(
+                    {
+                        "model": label,
+                        "implementation": implementation,
+                        "n": n,
+                        "seconds": times[n],
+                        "flops": 2.0 * weights * n,
+                        "bytes": 4.0 * weights,
+                    }
+                )
     return pd.DataFrame(rows)
 
 
@@ -604,10 +603,9 @@ def predict_and_race(
     prompts = prompts_from(pair, n_prompts, prompt_length, offset=1_000)
     fresh = prompts_from(pair, n_prompts, prompt_length, offset=36_000)  # past ch. 9's checks
     contexts = [prompt_length + n_tokens * k // 4 for k in (1, 2, 3)]
-    room = prompt_length + n_tokens  # the race's cache width, plus γ
     timing = dict(repeats=max(15 // cost_measurements, 3), gammas=gammas)  # of each call
     each = [
-        call_costs(pair, drafts, max(gammas) + 1, contexts, prompt_length, **timing, room=room)
+        call_costs(pair, drafts, max(gammas) + 1, contexts, prompt_length, **timing)
         for _ in range(cost_measurements)
     ]
     costs = _mean_costs(each)

@@ -219,43 +219,6 @@ def test_predict_and_race_fills_its_table_without_using_the_race(twin):
         race.predict_and_race(twin, ["bigram"], [2], 8, alpha_rows=4, overhead_prompts=5)
 
 
-class _Widths:
-    """A model that keeps, for each forward call, (positions scored, its cache's width)."""
-
-    def __init__(self, model):
-        self.model, self.calls, self.width = model, [], None
-
-    def __getattr__(self, name):
-        return getattr(self.model, name)
-
-    def reset(self, batch=1, length=None):
-        self.width = length
-        self.model.reset(batch, length)
-
-    def forward(self, ids):
-        self.calls.append((ids.shape[1], self.width))
-        return self.model.forward(ids)
-
-
-def test_isolated_calls_are_timed_in_a_cache_as_wide_as_the_races(twin):
-    """The runtime's graph reads every position its cache allocates, and a run allocates
-    prompt + N + γ: with room = prompt + N, a target call scoring n positions is timed in a
-    cache room + n - 1 wide, a draft call alone in room, and a step's γ draft calls in room + γ.
-    The control: without room each cache is only as wide as its calls need."""
-    for room, wide in [(40, True), (None, False)]:
-        target, draft = _Widths(twin.target), _Widths(twin.drafts["draft1-2000"])
-        pair = race._with_models(twin, target, {"draft1-2000": draft})
-        race.call_costs(pair, ["draft1-2000"], 3, [20, 30], 16, repeats=2, gammas=[2], room=room)
-        widths = {n for n, w in target.calls if w == 40 + n - 1}
-        assert (widths == {1, 2, 3}) == wide, set(target.calls)
-        alone, in_step = {w for n, w in draft.calls}, 40 + 2
-        assert ({40, in_step} <= alone) == wide, alone
-    with pytest.raises(ValueError, match="room must be at most"):
-        race.call_costs(twin, [], 5, [20], 16, room=twin.context - 3)
-    with pytest.raises(ValueError, match="room must exceed every context length"):
-        race.call_costs(twin, [], 2, [20, 30], 16, room=30)
-
-
 def test_a_steps_draft_calls_replace_gamma_c_in_the_prediction_where_measured():
     """Costs.drafting is the in-step time where measured, γ·c elsewhere; predict charges it, and
     tokens measured apart from the race replace Equation 1's E."""
