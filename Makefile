@@ -34,28 +34,24 @@ ifneq ($(VENV_VERSION),$(PYTHON_VERSION))
 .PHONY: $(BIN)/.installed
 endif
 
-# --no-compile: Python compiles each module when first imported, and only the imported ones (a
-# fresh clone here: requirements.txt installed in 38 s with it; the whole step took 99 s without).
-PIP := --quiet --disable-pip-version-check --no-compile
-
 $(BIN)/.installed: requirements.txt pyproject.toml scripts/ipython_kernel_config.py
 	@case " $(SUPPORTED) " in *" $(PYTHON_VERSION) "*) ;; *) \
 	  echo "make: $(PYTHON) is Python $(or $(PYTHON_VERSION),(not found)); this book needs" \
 	    "one of $(SUPPORTED): run make PYTHON=python3.12, say" >&2; exit 1;; esac
 	$(if $(filter $(PYTHON_VERSION),$(VENV_VERSION)),,rm -rf $(VENV))
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install $(PIP) -r requirements.txt
-	$(BIN)/pip install $(PIP) --no-deps -e .
+	$(BIN)/pip install --quiet --disable-pip-version-check -r requirements.txt
+	$(BIN)/pip install --quiet --disable-pip-version-check --no-deps -e .
 	mkdir -p $(VENV)/etc/ipython
 	cp scripts/ipython_kernel_config.py $(VENV)/etc/ipython/
 	touch $@
 
 $(BIN)/.test-installed: $(BIN)/.installed requirements-test.txt
-	$(BIN)/pip install $(PIP) -r requirements-test.txt
+	$(BIN)/pip install --quiet --disable-pip-version-check -r requirements-test.txt
 	touch $@
 
 $(BIN)/.lab-installed: $(BIN)/.installed requirements-lab.txt
-	$(BIN)/pip install $(PIP) -r requirements-lab.txt
+	$(BIN)/pip install --quiet --disable-pip-version-check -r requirements-lab.txt
 	mkdir -p $(VENV)/share/jupyter/lab/settings
 	cp scripts/lab-overrides.json $(VENV)/share/jupyter/lab/settings/overrides.json
 	touch $@
