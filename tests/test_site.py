@@ -243,9 +243,9 @@ def test_the_browser_keeps_to_its_own_folders(browser):
         assert all(a.split("=", 1)[1].startswith(browser.home) for a in profiles), profiles
 
 
-def new_page(browser, width):
-    """A page at a given width, offline, with every non-file request blocked and recorded."""
-    context = browser.new_context(offline=True, viewport={"width": width, "height": 900})
+def new_page(browser, width, height=900):
+    """A page in a window of a given size, offline, every non-file request blocked and recorded."""
+    context = browser.new_context(offline=True, viewport={"width": width, "height": height})
     page = context.new_page()
     outside, errors = [], []
 
@@ -339,8 +339,9 @@ def visit(browser, page_path, width=DESKTOP):
     first sees it ("reader"); on a phone, cue_contrasts ("cue"); and, once every dropdown is
     open, page_measures.MEASURE again (reader "unfolded") and TABLES ("open tables"). One load
     serves every check of a page at a width, and `load` shares it between the tests."""
-    context, page, outside, errors = new_page(browser, width)
-    page.set_viewport_size({"width": width, "height": PHONE_SCREEN if width == PHONE else 900})
+    context, page, outside, errors = new_page(
+        browser, width, PHONE_SCREEN if width == PHONE else 900
+    )
     loaded = set()
     page.on("request", lambda r: loaded.add(r.url) if r.url.startswith("file://") else None)
     page.goto(page_path.as_uri(), wait_until="load")
@@ -719,8 +720,9 @@ WORDS_BEFORE_FIGURE = 700
 LONG_SENTENCE, LONG_SENTENCES = 40, 5  # at most 5 sentences of over 40 words a chapter
 LANDING_FIGURE_SCREENS = 1.5  # the landing page's first figure, its middle, within 1.5 screens
 # The cue's shadow is 30 % black at the box's edge, fading over 0.9 em: with it, the box's last
-# 4 px measured 18 to 44 grey levels darker (median over the strip) than the same pixels once the
-# box is scrolled to its end, where the shadow is covered; without it, or under opaque rows, 0.
+# 4 px measured 29 to 47 grey levels darker (median over the strip on screen, 2026-12-03) than
+# the same pixels once the box is scrolled to its end, where the shadow is covered; without it,
+# or under opaque rows, 0.
 # Text at the edge darkens a few pixels either way; the median of the strip ignores them. A cue
 # must make the edge at least this much darker (of 255).
 CUE_CONTRAST = 10
@@ -894,7 +896,7 @@ def cue_contrasts(page):
             # the strip on screen, below the theme's sticky header; only it is drawn
             r, top = box.bounding_box(), page.evaluate(HEADER_BOTTOM)
             y = max(r["y"], top)
-            bottom = min(r["y"] + r["height"], y + 400, PHONE_SCREEN)
+            bottom = min(r["y"] + r["height"], y + 400, page.viewport_size["height"])
             strip = {"x": r["x"] + r["width"] - 4, "y": y, "width": 4, "height": bottom - y}
             edge = Image.open(io.BytesIO(page.screenshot(clip=strip))).convert("L")
             edges.append(statistics.median(edge.tobytes()))
