@@ -4,7 +4,8 @@ For the small pair and then the bandwidth-bound target (4 × 512, past the L3), 
 Runtime: every draft and γ, on held-out prompts with interleaved repeats; the table of predicted
 speedups (with their 95 % band) and measured ones (with 95 % t-intervals over prompts, cut at the
 most the costs allow); the race's noise between prompts and between repeats, and the intervals'
-coverage simulated for this design from it. Last, two lines for the large target: how often the
+coverage simulated for this design from it; where each prediction misses, measured inside the
+race's own runs (`race.miss_parts`). Last, two lines for the large target: how often the
 prediction fell inside the interval, with the coverage; and its best setting, chosen on the
 race's prompts and measured again on as many fresh ones. Times differ from run to run and
 machine to machine.
@@ -57,6 +58,16 @@ def main():
             f"tokens per call (dependence between positions included): "
             f"{(table.speedup / untimed).median():.3f}, inside the interval at "
             f"{int(untimed.between(table.low, table.high).sum())} of {len(table)} settings"
+        )
+        parts = list(race.MISS_PARTS)
+        print(
+            "where the prediction misses, measured inside the race's runs (per cent of the "
+            "predicted run; speculative parts, then plain):"
+        )
+        print(
+            (table[["draft", "gamma", *parts]].set_index(["draft", "gamma"]) * 100)
+            .round(1)
+            .to_string()
         )
         ceilings = race.method_ceilings(result, len(pair.vocab), args.tokens)
         best = ceilings.loc[ceilings.ceiling.idxmax()]

@@ -20,7 +20,8 @@ ONNX Runtime on one intra-op thread: the work a call does runs on that thread.
 `predict` combines them with the expected steps of a run of N tokens under Equation 1's model,
 the last step's overshoot counted (`expected_steps`), and `prediction_band` gives its spread,
 which comes from the costs', the loop overhead's (over prompts) and α's. `race` then times
-plain and speculative decoding (plain, setting, plain, ...); `summarise` gives each setting's
+plain and speculative decoding (plain, setting, plain, ...), every model call clocked, so that
+`miss_parts` can say where each prediction misses; `summarise` gives each setting's
 speedup with a t-interval over prompts (`prompt_interval`), cut at the most the costs allow
 (`speedup_cap`); `confirm` races the best setting again on fresh prompts. `coverage` measures
 how often such an interval covers a known speedup, in synthetic races with the noise a real
@@ -380,35 +381,99 @@ def speedup_cap(costs, o_plain, o_step, draft, gamma, n_tokens):
     return predict(costs, o_plain, o_step, 1.0, draft, gamma, n_tokens, n_tokens / fewest)
 
 
+SPEC_PARTS = ("steps", "draft calls", "target calls", "loop", "prefills")  # `miss_parts`'s
+MISS_PARTS = SPEC_PARTS + ("plain calls", "plain loop", "plain prefill")  # then plain's
+
+
+def miss_parts(runs, costs, o_plain, o_step, alpha, draft, gamma, n_tokens):
+    """Where `predict` misses one setting, measured in the race's own runs of it (rows of
+    `race`, means over runs): each part's excess over what the prediction priced, over the
+    predicted run, speculative or plain. So the speculative parts sum to its run's
+    measured/predicted − 1, the plain parts likewise, and (1 + plain) / (1 + speculative) is
+    the measured speedup (a ratio of mean times) over the predicted."""
+    m = runs.drop(columns=["draft", "gamma"]).astype(float).mean()
+    steps, per_step = expected_steps(alpha, gamma, n_tokens), costs.target[gamma + 1]
+    drafting, prefill = costs.drafting(draft, gamma), costs.prefill["target"] + costs.prefill[draft]
+    step = drafting + per_step + o_step
+    spec = prefill + steps * step
+    plain = costs.prefill["target"] + n_tokens * (costs.t1 + o_plain)
+    loop = m.seconds - m["target s"] - m["draft s"] - m["prefill s"]
+    plain_loop = m.plain - m["plain target s"] - m["plain prefill s"]
+    return {
+        "steps": (m.calls - steps) * step / spec,
+        "draft calls": (m["draft s"] - m.calls * drafting) / spec,
+        "target calls": (m["target s"] - m.calls * per_step) / spec,
+        "loop": (loop - m.calls * o_step) / spec,
+        "prefills": (m["prefill s"] - prefill) / spec,
+        "plain calls": (m["plain target s"] - n_tokens * costs.t1) / plain,
+        "plain loop": (plain_loop - n_tokens * o_plain) / plain,
+        "plain prefill": (m["plain prefill s"] - costs.prefill["target"]) / plain,
+    }
+
+
 # ---- 5. The race: interleaved; intervals over prompts; the best chosen on other prompts ------
+
+
+class _Clocked:
+    """A model whose forward calls and prefills are timed, each call's seconds kept in order."""
+
+    def __init__(self, model):
+        self.model, self.seconds, self.prefills = model, [], []
+
+    def __getattr__(self, name):
+        return getattr(self.model, name)
+
+    def forward(self, ids):
+        """The model's forward, timed."""
+        start = time.thread_time()
+        out = self.model.forward(ids)
+        self.seconds.append(time.thread_time() - start)
+        return out
+
+    def prefill(self, ids):
+        """The model's prefill, timed."""
+        start = time.thread_time()
+        self.model.prefill(ids)
+        self.prefills.append(time.thread_time() - start)
+
+
+def _timed(twin, prompt, n_tokens, gamma, rng, draft=None):
+    """(run, parts): a run of twin (its models `_Clocked`) and its thread seconds, with the
+    parts spent in the target's calls, the draft's calls and the prefills."""
+    models = [twin.target] + ([twin.drafts[draft]] if draft else [])
+    for model in models:
+        model.seconds, model.prefills = [], []
+    start = time.thread_time()
+    run = twin.run(prompt, n_tokens, gamma, rng, draft)
+    seconds = time.thread_time() - start
+    calls = [sum(model.seconds) for model in models] + [0.0]
+    prefill = sum(sum(model.prefills) for model in models)
+    parts = {"target s": calls[0], "draft s": calls[1], "prefill s": prefill}
+    return run, {"seconds": seconds, **parts}
 
 
 @on_one_thread
 def race(pair, settings, prompts, n_tokens, repeats, seed=9):
     """Rows of seconds: for each prompt and repeat, plain, then each (draft, γ) of settings
-    each followed by plain again, so every speculative run sits between two plain ones."""
+    each followed by plain again, so every speculative run sits between two plain ones. Every
+    model call is clocked (`_Clocked`, two reads of the clock, about 2 µs), so a row also
+    splits its runs into the target's calls, the draft's calls and the prefills; the rest is
+    the loop's own time."""
+    names = dict.fromkeys(d for d, _ in settings)
+    twin = _with_models(pair, _Clocked(pair.target), {d: _Clocked(pair.drafts[d]) for d in names})
     rows = []
     for p, prompt in enumerate(prompts):
         for r in range(repeats):
             seeds = np.random.SeedSequence([seed, p, r]).generate_state(len(settings) + 1)
-            plain = _seconds(pair.run, prompt, n_tokens, 1, np.random.default_rng(seeds[0]))
+            _, plain = _timed(twin, prompt, n_tokens, 1, np.random.default_rng(seeds[0]))
             for k, (draft, gamma) in enumerate(settings):
                 rng = np.random.default_rng(seeds[k + 1])
-                start = time.thread_time()
-                run = pair.run(prompt, n_tokens, gamma, rng, draft)
-                seconds = time.thread_time() - start
-                after = _seconds(pair.run, prompt, n_tokens, 1, np.random.default_rng(seeds[0]))
-                rows.append(
-                    {
-                        "prompt": p,
-                        "repeat": r,
-                        "draft": draft,
-                        "gamma": gamma,
-                        "seconds": seconds,
-                        "plain": (plain + after) / 2,
-                        "calls": run.calls,
-                    }
-                )
+                run, spec = _timed(twin, prompt, n_tokens, gamma, rng, draft)
+                _, after = _timed(twin, prompt, n_tokens, 1, np.random.default_rng(seeds[0]))
+                both = {key: (plain[key] + after[key]) / 2 for key in plain}
+                rows.append({"prompt": p, "repeat": r, "draft": draft, "gamma": gamma, **spec,
+                             "plain": both["seconds"], "plain target s": both["target s"],
+                             "plain prefill s": both["prefill s"], "calls": run.calls})  # fmt: skip
                 plain = after
     return pd.DataFrame(rows)
 
@@ -626,6 +691,10 @@ def predict_and_race(
     fresh_rows = race(pair, [chosen], fresh, n_tokens, repeats, seed + 3)
     verdict = confirm(table, fresh_rows, caps[chosen])
     calls = rows.groupby(["draft", "gamma"], sort=False).calls.agg(["sum", "size"])
+
+    def raced(draft, gamma):
+        return rows[(rows.draft == draft) & (rows.gamma == gamma)]
+
     extra = []
     for draft, gamma in zip(table.draft, table.gamma):
         a, se = alpha[draft]
@@ -665,6 +734,7 @@ def predict_and_race(
                 "predicted, untimed tokens": forecast(costs, tokens=untimed[draft, gamma]),
                 "Theorem 3.8": walltime_speedup(a, gamma, costs.c(draft)),
             }
+            | miss_parts(raced(draft, gamma), costs, o_plain, o, a, draft, gamma, n_tokens)
         )
     table = pd.concat([table, pd.DataFrame(extra)], axis=1)
     table["inside"] = table.predicted.between(table.low, table.high)
@@ -724,74 +794,3 @@ def verdict_lines(result):
 def verdict_line(result):
     """The last of `verdict_lines`: the best setting, measured on fresh prompts, and predicted."""
     return verdict_lines(result)[1]
-
-
-class _Clocked:
-    """A model whose forward calls and prefills are timed, each call's seconds kept in order."""
-
-    def __init__(self, model):
-        self.model, self.seconds, self.prefills = model, [], []
-
-    def __getattr__(self, name):
-        return getattr(self.model, name)
-
-    def forward(self, ids):
-        """The model's forward, timed."""
-        start = time.thread_time()
-        out = self.model.forward(ids)
-        self.seconds.append(time.thread_time() - start)
-        return out
-
-    def prefill(self, ids):
-        """The model's prefill, timed."""
-        start = time.thread_time()
-        self.model.prefill(ids)
-        self.prefills.append(time.thread_time() - start)
-
-
-class InRun(NamedTuple):
-    """Costs timed where the loop makes them, in runs apart from the race (seconds)."""
-
-    target: float  # median target call
-    draft: float  # median draft call
-    loop: float  # median over runs of the time outside calls and prefills, per target call
-
-
-@on_one_thread
-def in_run_costs(pair, draft, gamma, prompts, n_tokens, seed=5):
-    """InRun: the same calls as `call_costs` times alone, and the loop's own time that
-    `loop_overhead` replays, timed inside speculative runs apart from the race."""
-    twin = _with_models(pair, _Clocked(pair.target), {draft: _Clocked(pair.drafts[draft])})
-    models, loops = (twin.target, twin.drafts[draft]), []
-    for k, prompt in enumerate(prompts):
-        before = sum(sum(m.seconds) + sum(m.prefills) for m in models)
-        start = time.thread_time()
-        run = twin.run(prompt, n_tokens, gamma, np.random.default_rng([seed, k]), draft)
-        total = time.thread_time() - start
-        calls = sum(sum(m.seconds) + sum(m.prefills) for m in models) - before
-        loops.append((total - calls) / run.calls)
-    target, drafts = (float(np.median(m.seconds)) for m in models)
-    return InRun(target, drafts, float(np.median(loops)))
-
-
-def draft_after_target(pair, draft, gamma, context=32, repeats=15):
-    """(median seconds of a draft call timed alone, of one made right after a target call
-    scoring γ + 1 positions): what the target's call leaves of the draft's data in the caches."""
-    ids = pair.encode(pair.heldout_text[: context + gamma + 1])[None]
-    target, model = pair.target, pair.drafts[draft]
-    for m in (target, model):
-        m.reset(1, context + gamma + 1)
-        m.prefill(ids[:, :context])
-    back = np.array([context])
-    alone, after = [], []
-    with one_blas_thread():
-        for _ in range(repeats):
-            for _ in range(2):  # the second of two draft calls in a row: the draft's data warm
-                alone.append(_seconds(model.forward, ids[:, context : context + 1]))
-                model.rollback(back)
-            alone.pop(-2)
-            target.forward(ids[:, context : context + gamma + 1])
-            target.rollback(back)
-            after.append(_seconds(model.forward, ids[:, context : context + 1]))
-            model.rollback(back)
-    return float(np.median(alone)), float(np.median(after))

@@ -130,16 +130,73 @@ def test_the_loop_runs_slower_after_a_call_that_evicts_the_caches(twin, monkeypa
     assert o(256) < 2 * warm  # the control: 1 KiB a call
 
 
-def test_in_run_costs_split_a_run_into_calls_and_the_loop(twin):
-    """Target calls, draft calls and the loop's own time per target call, all positive; the
-    loop's share leaves the calls out, so it is below a whole run's time per target call."""
+def _burn(seconds):
+    """Spend this thread's CPU for `seconds`."""
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass
+
+
+class _SlowCalls:
+    """A model whose every forward call also burns 2 ms of CPU, inside the call."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def __getattr__(self, name):
+        return getattr(self.model, name)
+
+    def forward(self, ids):
+        _burn(2e-3)
+        return self.model.forward(ids)
+
+
+def _parts(twin):
+    """`miss_parts` of a small race of draft1-2000 at γ = 3 on twin, against fixed costs."""
+    costs = race.Costs({1: 1e-3, 4: 1.5e-3}, {"draft1-2000": 2e-4}, {"target": 0.01,
+                       "draft1-2000": 0.005})  # fmt: skip
     prompts = race.prompts_from(twin, 2, 16, offset=30_000)
-    got = race.in_run_costs(twin, "draft1-2000", 3, prompts, 24)
-    assert got.target > 0 and got.draft > 0 and got.loop > 0
-    start = time.thread_time()
-    run = twin.run(prompts[0], 24, 3, np.random.default_rng([5, 0]), "draft1-2000")
-    whole = (time.thread_time() - start) / run.calls
-    assert got.loop < whole  # the control: a whole run's time per call, calls included
+    rows = race.race(twin, [("draft1-2000", 3)], prompts, 24, 2)
+    return rows, race.miss_parts(rows, costs, 1e-4, 3e-4, 0.8, "draft1-2000", 3, 24)
+
+
+def test_miss_parts_sum_to_the_measured_over_the_predicted(twin):
+    """The speculative parts sum to the run's measured/predicted − 1, the plain parts likewise,
+    so their ratio is the measured speedup (of mean times) over `predict`'s, to rounding."""
+    rows, parts = _parts(twin)
+    costs = race.Costs({1: 1e-3, 4: 1.5e-3}, {"draft1-2000": 2e-4}, {"target": 0.01,
+                       "draft1-2000": 0.005})  # fmt: skip
+    predicted = race.predict(costs, 1e-4, 3e-4, 0.8, "draft1-2000", 3, 24)
+    spec = sum(parts[k] for k in race.SPEC_PARTS)
+    plain = sum(parts[k] for k in race.MISS_PARTS) - spec
+    measured = rows.plain.mean() / rows.seconds.mean()
+    assert (1 + plain) / (1 + spec) == pytest.approx(measured / predicted, rel=1e-12)
+    assert (rows[["target s", "draft s", "prefill s"]].sum(axis=1) < rows.seconds).all()
+
+
+def test_miss_parts_put_a_slow_draft_call_in_the_draft_calls_and_a_slow_loop_in_the_loop(twin):
+    """2 ms burnt inside every draft call must raise the draft calls' part by what it burnt,
+    and leave the loop's part alone; the control burns 2 ms in the loop's verifier instead,
+    and the same parts must show it the other way round. The seeds fix the tokens, so the
+    calls are the same; a run's parts vary by well under a millisecond a step here, against
+    2 ms × 3 draft calls (slow draft) or 2 ms (slow loop) a step: thresholds at 0.7 and 0.3 of
+    the burnt share leave that noise room on either side."""
+    rows, base = _parts(twin)
+    slow_draft = race._with_models(twin, twin.target, {"draft1-2000": _SlowCalls(
+        twin.drafts["draft1-2000"])})  # fmt: skip
+    rows_d, drafted = _parts(slow_draft)
+    slow_loop = copy.copy(twin)
+    slow_loop._verify = lambda *args: (_burn(2e-3), twin._verify(*args))[1]
+    rows_l, looped = _parts(slow_loop)
+    assert (rows_d.calls.values == rows.calls.values).all()
+    assert (rows_l.calls.values == rows.calls.values).all()
+    spec = rows.seconds.mean() / (1 + sum(base[k] for k in race.SPEC_PARTS))  # predicted
+    burnt_d = 3 * rows.calls.mean() * 2e-3 / spec  # three draft calls a step
+    burnt_l = rows.calls.mean() * 2e-3 / spec  # one verify a step
+    assert drafted["draft calls"] - base["draft calls"] > 0.7 * burnt_d
+    assert abs(drafted["loop"] - base["loop"]) < 0.3 * burnt_d
+    assert looped["loop"] - base["loop"] > 0.7 * burnt_l  # the control, the other way round
+    assert abs(looped["draft calls"] - base["draft calls"]) < 0.3 * burnt_l
 
 
 def test_predict_is_theorem_3_8_when_calls_are_all_that_costs():
