@@ -162,7 +162,8 @@ def _parts(twin):
 
 def test_miss_parts_sum_to_the_measured_over_the_predicted(twin):
     """The speculative parts sum to the run's measured/predicted − 1, the plain parts likewise,
-    so their ratio is the measured speedup (of mean times) over `predict`'s, to rounding."""
+    so their ratio is the measured speedup (of mean times) over `predict`'s, to rounding,
+    whatever the race's T(1) against the isolated one."""
     rows, parts = _parts(twin)
     costs = race.Costs({1: 1e-3, 4: 1.5e-3}, {"draft1-2000": 2e-4}, {"target": 0.01,
                        "draft1-2000": 0.005})  # fmt: skip
@@ -171,6 +172,8 @@ def test_miss_parts_sum_to_the_measured_over_the_predicted(twin):
     plain = sum(parts[k] for k in race.MISS_PARTS) - spec
     measured = rows.plain.mean() / rows.seconds.mean()
     assert (1 + plain) / (1 + spec) == pytest.approx(measured / predicted, rel=1e-12)
+    speed = rows["plain target s"].mean() / (24 * costs.t1)  # the race's T(1) over the isolated
+    assert parts["T(1) raced / alone"] == pytest.approx(speed, rel=1e-12)
     assert (rows[["target s", "draft s", "prefill s"]].sum(axis=1) < rows.seconds).all()
 
 
