@@ -59,15 +59,13 @@ def main():
             f"{(table.speedup / untimed).median():.3f}, inside the interval at "
             f"{int(untimed.between(table.low, table.high).sum())} of {len(table)} settings"
         )
-        parts = ["T(1) raced / alone", *race.MISS_PARTS]
         print(
-            "where the prediction misses, measured inside the race's runs: the race's T(1) over "
-            "the isolated one, then each part's time beyond the prediction's priced at the "
-            "race's T(1), in per cent of the predicted run (speculative parts, then plain):"
+            "where the prediction misses, measured inside the race's runs: each part's time "
+            "beyond what the prediction charged, in per cent of the predicted run (speculative "
+            "parts, then plain):"
         )
-        shares = table[["draft", "gamma", *parts]].set_index(["draft", "gamma"])
-        shares[parts[1:]] *= 100
-        print(shares.round(3).to_string())
+        shares = table[["draft", "gamma", *race.MISS_PARTS]].set_index(["draft", "gamma"])
+        print((100 * shares).round(1).to_string())
         ceilings = race.method_ceilings(result, len(pair.vocab), args.tokens)
         best = ceilings.loc[ceilings.ceiling.idxmax()]
         print(

@@ -382,36 +382,32 @@ def speedup_cap(costs, o_plain, o_step, draft, gamma, n_tokens):
 
 
 SPEC_PARTS = ("steps", "draft calls", "target calls", "loop", "prefills")  # `miss_parts`'s
-MISS_PARTS = SPEC_PARTS + ("plain loop", "plain prefill")  # then plain decoding's
+MISS_PARTS = SPEC_PARTS + ("plain calls", "plain loop", "plain prefill")  # then plain's
 
 
 def miss_parts(runs, costs, o_plain, o_step, alpha, draft, gamma, n_tokens):
     """Where `predict` misses one setting, measured in the race's own runs of it (rows of
-    `race`, means over runs). First the race's speed, "T(1) raced / alone": its plain calls'
-    seconds over N·T(1).
-    Every predicted second is priced at that speed, which leaves the predicted speedup as it
-    is; then each part's excess over its price, over the predicted run (speculative or plain;
-    plain decoding's calls are then exact by construction). So (1 + the plain parts) /
-    (1 + the speculative parts) is the measured speedup (of mean times) over the predicted."""
+    `race`, means over runs): each part's excess over what the prediction charged for it, over
+    the predicted run, speculative or plain. So the speculative parts sum to its run's
+    measured/predicted − 1, the plain parts likewise, and (1 + plain) / (1 + speculative) is
+    the measured speedup (a ratio of mean times) over the predicted."""
     m = runs.drop(columns=["draft", "gamma"]).astype(float).mean()
-    speed = m["plain target s"] / (n_tokens * costs.t1)
-    steps, per_step = expected_steps(alpha, gamma, n_tokens), speed * costs.target[gamma + 1]
-    drafting = speed * costs.drafting(draft, gamma)
-    prefill = speed * (costs.prefill["target"] + costs.prefill[draft])
-    o, o_p, p_t = speed * o_step, speed * o_plain, speed * costs.prefill["target"]
-    spec = prefill + steps * (drafting + per_step + o)
-    plain = m["plain target s"] + p_t + n_tokens * o_p
+    steps, per_step = expected_steps(alpha, gamma, n_tokens), costs.target[gamma + 1]
+    drafting, prefill = costs.drafting(draft, gamma), costs.prefill["target"] + costs.prefill[draft]
+    step = drafting + per_step + o_step
+    spec = prefill + steps * step
+    plain = costs.prefill["target"] + n_tokens * (costs.t1 + o_plain)
     loop = m.seconds - m["target s"] - m["draft s"] - m["prefill s"]
+    plain_loop = m.plain - m["plain target s"] - m["plain prefill s"]
     return {
-        "T(1) raced / alone": speed,
-        "steps": (m.calls - steps) * (drafting + per_step + o) / spec,
+        "steps": (m.calls - steps) * step / spec,
         "draft calls": (m["draft s"] - m.calls * drafting) / spec,
         "target calls": (m["target s"] - m.calls * per_step) / spec,
-        "loop": (loop - m.calls * o) / spec,
+        "loop": (loop - m.calls * o_step) / spec,
         "prefills": (m["prefill s"] - prefill) / spec,
-        "plain loop": (m.plain - m["plain target s"] - m["plain prefill s"] - n_tokens * o_p)
-        / plain,
-        "plain prefill": (m["plain prefill s"] - p_t) / plain,
+        "plain calls": (m["plain target s"] - n_tokens * costs.t1) / plain,
+        "plain loop": (plain_loop - n_tokens * o_plain) / plain,
+        "plain prefill": (m["plain prefill s"] - costs.prefill["target"]) / plain,
     }
 
 
@@ -450,9 +446,9 @@ def _timed(twin, prompt, n_tokens, gamma, rng, draft=None):
     start = time.thread_time()
     run = twin.run(prompt, n_tokens, gamma, rng, draft)
     seconds = time.thread_time() - start
-    calls = [sum(model.seconds) for model in models] + [0.0]
+    drafting = sum(models[1].seconds) if draft else 0.0
     prefill = sum(sum(model.prefills) for model in models)
-    parts = {"target s": calls[0], "draft s": calls[1], "prefill s": prefill}
+    parts = {"target s": sum(twin.target.seconds), "draft s": drafting, "prefill s": prefill}
     return run, {"seconds": seconds, **parts}
 
 
@@ -460,7 +456,7 @@ def _timed(twin, prompt, n_tokens, gamma, rng, draft=None):
 def race(pair, settings, prompts, n_tokens, repeats, seed=9):
     """Rows of seconds: for each prompt and repeat, plain, then each (draft, γ) of settings
     each followed by plain again, so every speculative run sits between two plain ones. Every
-    model call is clocked (`_Clocked`, two reads of the clock, about 2 µs), so a row also
+    model call is clocked (`_Clocked`: two reads of the clock, under 2 µs a call), so a row also
     splits its runs into the target's calls, the draft's calls and the prefills; the rest is
     the loop's own time."""
     names = dict.fromkeys(d for d, _ in settings)
