@@ -179,6 +179,35 @@ def test_miss_parts_sum_to_the_measured_over_the_predicted(twin):
     assert (rows[["target s", "draft s", "prefill s"]].sum(axis=1) < rows.seconds).all()
 
 
+def test_each_price_moves_only_its_own_part():
+    """On fixed synthetic rows, each part compared in seconds (its share times its predicted
+    run): a different α moves only the steps' excess, and a different prefill only the
+    prefills'. Swapping the steps with the target calls, or the plain loop with the plain
+    prefill, fails this."""
+    rows = pd.DataFrame({"draft": "draft1-2000", "gamma": 3, "seconds": [0.04, 0.05],
+                         "target s": [0.02, 0.025], "draft s": [0.006, 0.007],
+                         "prefill s": [0.012, 0.013], "plain": [0.05, 0.052],
+                         "plain target s": [0.027, 0.028], "plain prefill s": [0.01, 0.011],
+                         "calls": [8, 9]})  # fmt: skip
+
+    def seconds(alpha=0.8, prefill=0.01):
+        """{part: its excess in seconds} at these prices."""
+        costs = COSTS._replace(prefill={"target": prefill, "draft1-2000": 0.005})
+        steps = intervals.expected_steps(alpha, 3, 24)
+        spec = prefill + 0.005 + steps * (7e-4 + 1.5e-3 + 3e-4)  # the predicted runs
+        plain = prefill + 24 * (1e-3 + 1e-4)
+        got = race.miss_parts(rows, costs, 1e-4, 3e-4, alpha, "draft1-2000", 3, 24)
+        return {k: got[k] * (spec if k in race.SPEC_PARTS else plain) for k in got}
+
+    base, other, moved = seconds(), seconds(alpha=0.5), seconds(prefill=0.02)
+    assert abs(other["steps"] - base["steps"]) > 1e-3  # S(N) grows as α falls
+    for k in race.MISS_PARTS[1:]:
+        assert other[k] == pytest.approx(base[k], rel=1e-12, abs=1e-15)
+    changed = {k for k in race.MISS_PARTS if moved[k] != pytest.approx(base[k], rel=1e-12)}
+    assert changed == {"prefills", "plain prefill"}
+    assert moved["plain prefill"] == pytest.approx(base["plain prefill"] - 0.01, rel=1e-12)
+
+
 def test_miss_parts_put_a_slow_draft_call_in_the_draft_calls_and_a_slow_loop_in_the_loop(twin):
     """2 ms burnt inside every draft call must raise the draft calls' part by what it burnt,
     and leave the loop's part alone; the control burns 2 ms in the loop's verifier instead,
