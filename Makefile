@@ -112,7 +112,7 @@ bench: $(BIN)/.installed
 stopwatch: $(BIN)/.installed
 	$(BIN)/python scripts/stopwatch.py
 
-## make race: chapter 9's race at full size through ONNX Runtime, predicted before it is run;
+## make race: chapter 9's race at full size through ONNX Runtime, predicted from costs timed beside it;
 ## ends with the large target's line `measured speedup X (95 % CI lo–hi) ... theorem 3.8 Z`
 race: $(BIN)/.installed
 	$(BIN)/python scripts/race.py

@@ -1,7 +1,8 @@
-"""make race: chapter 9's race at full size, predicted from isolated costs before it is run.
+"""make race: chapter 9's race at full size, predicted from isolated costs timed beside it.
 
 For the small pair and then the bandwidth-bound target (4 × 512, past the L3), both through ONNX
-Runtime: every draft and γ, on held-out prompts with interleaved repeats; the table of predicted
+Runtime: every draft and γ, on held-out prompts with interleaved repeats, the costs timed six
+times between its prompts (so in the race's minutes, never inside its runs); the table of predicted
 speedups (with their 95 % band) and measured ones (with 95 % t-intervals over prompts, cut at the
 most the costs allow); the race's noise between prompts and between repeats, and the intervals'
 coverage simulated for this design from it; where each prediction misses, measured inside the
@@ -38,7 +39,13 @@ def main():
     for label, target in (("small pair", "target"), ("large target", "target-large")):
         pair = race.on_runtime(sc.load_pair(target=target))
         result = race.predict_and_race(
-            pair, DRAFTS, gammas, args.tokens, n_prompts=args.prompts, repeats=args.repeats
+            pair,
+            DRAFTS,
+            gammas,
+            args.tokens,
+            n_prompts=args.prompts,
+            repeats=args.repeats,
+            cost_measurements=6,
         )
         print(f"\n{label}: T(1) {result.costs.t1 * 1e3:.2f} ms, {result.seconds:.0f} s")
         columns = ["draft", "gamma", "α", "c", "v(γ)", "o", "E[tokens]", "tokens, finite N",

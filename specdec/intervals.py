@@ -286,10 +286,10 @@ def confirm(table, fresh_rows, cap=np.inf, level=0.95):
 
 
 def plot_prediction(table, title):
-    """Measured speedup (with its 95 % interval) against the speedup predicted before the race,
-    one marker per setting, in its draft's colour and marker (`pair.model_style`), labelled by
-    its γ, placed clear of the error bars and of the labels before it; on the diagonal they
-    agree. The legend sits above the plot."""
+    """Measured speedup (with its 95 % interval) against the speedup predicted from isolated
+    costs, one marker per setting, in its draft's colour and marker (`pair.model_style`),
+    labelled by its γ, placed clear of the error bars and of the labels before it; on the
+    diagonal they agree. The legend sits above the plot."""
     from .pair import model_style
     from .style import new_figure
 
@@ -331,7 +331,7 @@ def plot_prediction(table, title):
     ax.set(
         xlim=(low, high),
         ylim=(low, high),
-        xlabel="predicted before the race",
+        xlabel="predicted from isolated costs",
         ylabel="measured (95 % interval)",
     )
     ax.set_title(title)

@@ -1,6 +1,4 @@
-"""Chapter 9's race, predicted before it is run.
-
-The prediction uses nothing from the race itself:
+"""Chapter 9's race, predicted from what is measured apart from its runs:
 
 1. `call_costs`: isolated calls at the race's context lengths give T(1), the target's time for
    one position; v(γ), its time for γ + 1 positions over T(1); c, a draft call over T(1); a
@@ -13,6 +11,8 @@ The prediction uses nothing from the race itself:
    `verify`, the target's laws and the draft's draws, at one row.
 3. `sampled_alpha`: α as the mean of β = Σ min(p, q) along the target's own samples (the
    contexts decoding meets), with its standard error.
+
+1 and 2 are timed between the race's prompts, so that they meet the machine in its minutes.
 
 Every time is the timing thread's CPU time (`roofs.thread_seconds`), with one BLAS thread and
 ONNX Runtime on one intra-op thread: the work a call does runs on that thread.
@@ -453,16 +453,18 @@ def _timed(twin, prompt, n_tokens, gamma, rng, draft=None):
 
 
 @on_one_thread
-def race(pair, settings, prompts, n_tokens, repeats, seed=9):
+def race(pair, settings, prompts, n_tokens, repeats, seed=9, between=None):
     """Rows of seconds: for each prompt and repeat, plain, then each (draft, γ) of settings
     each followed by plain again, so every speculative run sits between two plain ones. Every
     model call is clocked (`_Clocked`: two reads of the clock, under 2 µs a call), so a row also
     splits its runs into the target's calls, the draft's calls and the prefills; the rest is
-    the loop's own time."""
+    the loop's own time. between(p), if given, runs before prompt p's runs, outside them."""
     names = dict.fromkeys(d for d, _ in settings)
     twin = _with_models(pair, _Clocked(pair.target), {d: _Clocked(pair.drafts[d]) for d in names})
     rows = []
     for p, prompt in enumerate(prompts):
+        if between is not None:
+            between(p)
         for r in range(repeats):
             seeds = np.random.SeedSequence([seed, p, r]).generate_state(len(settings) + 1)
             _, plain = _timed(twin, prompt, n_tokens, 1, np.random.default_rng(seeds[0]))
@@ -654,11 +656,12 @@ def predict_and_race(
     overhead_prompts=3,
     n_races=4000,
 ):
-    """Measure the costs (cost_measurements times, for their spread), the loop's overhead (on
-    overhead_prompts of α's prompts, for its spread) and α apart from the race, predict every
-    (draft, γ), then race them on n_prompts held-out prompts (disjoint from α's); choose the
-    best there and race it again on n_prompts others. Each interval's coverage is simulated
-    for this design from the race's own noise."""
+    """Measure α apart from the race; race every (draft, γ) on n_prompts held-out prompts
+    (disjoint from α's), and between its prompts time the isolated costs (cost_measurements
+    times) and the loop's overhead (on overhead_prompts of α's prompts), so that they meet the
+    machine in the race's minutes; predict every setting from those (no time of a raced run);
+    choose the best there and race it again on n_prompts others. Each interval's coverage is
+    simulated for this design from the race's own noise."""
     start = time.perf_counter()
     for gamma in gammas:
         _check_positive_count(gamma, "gamma", pair.context, "positions the models know")
@@ -669,33 +672,33 @@ def predict_and_race(
     fresh = prompts_from(pair, n_prompts, prompt_length, offset=36_000)  # past ch. 9's checks
     contexts = [prompt_length + n_tokens * k // 4 for k in (1, 2, 3)]
     timing = dict(repeats=max(15 // cost_measurements, 3), gammas=gammas)  # of each call
-    each = [
-        call_costs(pair, drafts, max(gammas) + 1, contexts, prompt_length, **timing)
-        for _ in range(cost_measurements)
-    ]
-    costs = _mean_costs(each)
     starts = alpha_prompts(pair, alpha_rows, prompt_length)
-    each_o = {  # o on the first of α's prompts, apart from the race's: {setting: [o_k]}
-        s: [loop_overhead(pair, *s, p, n_tokens, seed)[0] for p in starts[:overhead_prompts]]
-        for s in [(None, 1)] + settings
-    }
-    o_plain = float(np.mean(each_o[None, 1]))
-    overhead = {s: float(np.mean(each_o[s])) for s in settings}
+    each, each_o = [], {s: [] for s in [(None, 1)] + settings}  # o on α's first prompts
+    costs_at = [i * n_prompts // cost_measurements for i in range(cost_measurements)]
+    o_at = [i * n_prompts // overhead_prompts for i in range(overhead_prompts)]  # α's prompt i
+
+    def beside(p):  # before the race's prompt p: the measurements spread evenly over prompts
+        for _ in range(costs_at.count(p)):
+            each.append(
+                call_costs(pair, drafts, max(gammas) + 1, contexts, prompt_length, **timing)
+            )
+        for k in (k for k, at in enumerate(o_at) if at == p):
+            for s, o in each_o.items():
+                o.append(loop_overhead(pair, *s, starts[k], n_tokens, seed)[0])
+
     alpha = sampled_alpha(pair, drafts, np.stack(starts), n_tokens, seed + 1)
     untimed = untimed_tokens_per_call(pair, settings, np.stack(starts), n_tokens, seed + 2)
+    rows = race(pair, settings, prompts, n_tokens, repeats, seed, between=beside)
+    costs, o_plain = _mean_costs(each), float(np.mean(each_o[None, 1]))
+    overhead = {s: float(np.mean(each_o[s])) for s in settings}
     caps = {s: speedup_cap(costs, o_plain, overhead[s], *s, n_tokens) for s in settings}
-    rows = race(pair, settings, prompts, n_tokens, repeats, seed)
     table = summarise(rows, caps)
     best = table.loc[table.speedup.idxmax()]
     chosen = (best.draft, int(best.gamma))
     fresh_rows = race(pair, [chosen], fresh, n_tokens, repeats, seed + 3)
     verdict = confirm(table, fresh_rows, caps[chosen])
     calls = rows.groupby(["draft", "gamma"], sort=False).calls.agg(["sum", "size"])
-
-    def raced(draft, gamma):
-        return rows[(rows.draft == draft) & (rows.gamma == gamma)]
-
-    extra = []
+    extra, raced = [], dict(list(rows.groupby(["draft", "gamma"], sort=False)))
     for draft, gamma in zip(table.draft, table.gamma):
         a, se = alpha[draft]
         o = overhead[draft, gamma]
@@ -734,7 +737,7 @@ def predict_and_race(
                 "predicted, untimed tokens": forecast(costs, tokens=untimed[draft, gamma]),
                 "Theorem 3.8": walltime_speedup(a, gamma, costs.c(draft)),
             }
-            | miss_parts(raced(draft, gamma), costs, o_plain, o, a, draft, gamma, n_tokens)
+            | miss_parts(raced[draft, gamma], costs, o_plain, o, a, draft, gamma, n_tokens)
         )
     table = pd.concat([table, pd.DataFrame(extra)], axis=1)
     table["inside"] = table.predicted.between(table.low, table.high)

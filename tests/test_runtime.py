@@ -290,12 +290,31 @@ def test_load_pair_names_the_targets_it_knows():
         sc.load_pair(target="huge")
 
 
-def test_predict_and_race_fills_its_table_without_using_the_race(twin):
+def test_predict_and_race_fills_its_table_without_using_the_race(twin, monkeypatch):
     """A tiny run end to end: each setting has a prediction with its band, a measurement inside
-    its own interval, and the verdict comes from fresh prompts with a simulated coverage."""
+    its own interval, and the verdict comes from fresh prompts with a simulated coverage. The
+    costs (c) and the loop's overhead (o) are timed between the race's prompts, never inside
+    a prompt's runs (r)."""
+    order = []
+
+    def logged(fn, mark):
+        def wrapper(*args, **kwargs):
+            order.append(mark)
+            return fn(*args, **kwargs)
+
+        return wrapper
+
+    monkeypatch.setattr(race, "call_costs", logged(race.call_costs, "c"))
+    monkeypatch.setattr(race, "loop_overhead", logged(race.loop_overhead, "o"))
+    monkeypatch.setattr(race, "_timed", logged(race._timed, "r"))
     result = race.predict_and_race(
         twin, ["bigram"], [2], n_tokens=8, n_prompts=2, repeats=2, alpha_rows=4
     )
+    # three measurements of each over two prompts: two before the first, one before the second
+    # (o for plain decoding and the setting); each prompt's runs are plain, setting, plain for
+    # each of 2 repeats; then the fresh race
+    assert "".join(order) == "cc" + "oooo" + "r" * 6 + "c" + "oo" + "r" * 6 + "r" * 12
+    assert len(result.t1_each) == 3
     (row,) = result.table.itertuples()
     above = result.table["above cap"].iloc[0]  # measured above its costs' cap: left whole
     assert 0 < row.predicted <= 3 and 0 < row.low <= row.speedup <= row.high
