@@ -4,11 +4,10 @@
    one position; v(γ), its time for γ + 1 positions over T(1); c, a draft call over T(1); a
    step's γ draft calls timed as a step makes them, right after a target call (which leaves
    the draft's data out of the caches); and the prompt's prefill.
-2. `loop_overhead`: the generation loop run with every model call replaced by a lookup of the
-   logits it returned before (`Replay`), and a read of as many floats as the model's weights
-   (the caches a real call leaves), gives the time a step spends outside model calls, o,
-   and a plain token's, o_plain. `method_floor` times the part of it no leaner loop removes:
-   `verify`, the target's laws and the draft's draws, at one row.
+2. `run_overhead`: a real run's thread time less its clocked model calls and prefills gives the
+   time a step spends outside model calls, o, and a plain token's, o_plain. `loop_overhead`
+   replays a run with a lookup for each call (`Replay`), for comparison; `method_floor` times
+   the part of o no leaner loop removes: `verify`, the target's laws and the draft's draws.
 3. `sampled_alpha`: α as the mean of β = Σ min(p, q) along the target's own samples (the
    contexts decoding meets), with its standard error.
 
@@ -35,13 +34,7 @@ from typing import NamedTuple
 import numpy as np
 import pandas as pd
 
-from .checks import (
-    MAX_LOOP,
-    _check_count,
-    _check_memory,
-    _check_positive_count,
-    _check_rng,
-)
+from .checks import MAX_LOOP, _check_count, _check_memory, _check_positive_count, _check_rng
 from .intervals import (
     Components,
     Verdict,
@@ -132,14 +125,11 @@ def call_costs(pair, drafts, max_positions, contexts, prompt_length, repeats=15,
     positions = list(range(1, max_positions + 1))
     with one_blas_thread():
         target = [_position_costs(pair.target, ids, L, positions, repeats) for L in contexts]
-        draft = {
-            name: float(
-                np.mean(
-                    [_position_costs(pair.drafts[name], ids, L, [1], repeats)[1] for L in contexts]
-                )
-            )
-            for name in drafts
+        alone = {
+            n: [_position_costs(pair.drafts[n], ids, L, [1], repeats)[1] for L in contexts]
+            for n in drafts
         }
+        draft = {n: float(np.mean(t)) for n, t in alone.items()}
         in_step = {}
         for name in drafts if gammas else ():
             at = [
@@ -248,13 +238,22 @@ def _replayed(pair, draft, evict=False):
 
 
 @on_one_thread
-def loop_overhead(pair, draft, gamma, prompt, n_tokens, seed, repeats=3, evict=True):
-    """(seconds per step outside model calls, steps): the run replayed with lookups for calls.
+def run_overhead(pair, draft, gamma, prompt, n_tokens, seed):
+    """(seconds per step outside model calls, steps) of one real run: its thread time less its
+    clocked model calls and prefills (`_Clocked`), as the race's rows split theirs."""
+    drafts = {draft: _Clocked(pair.drafts[draft])} if draft else {}
+    twin = _with_models(pair, _Clocked(pair.target), drafts)
+    run, parts = _timed(twin, prompt, n_tokens, gamma, np.random.default_rng(seed), draft)
+    calls = parts["target s"] + parts["draft s"] + parts["prefill s"]
+    return (parts["seconds"] - calls) / run.calls, run.calls
 
-    With evict (the default) each replayed call reads as many floats as its model's weights,
-    untimed, as a real call streams its weights through the caches: without that read the
-    loop runs warm, faster than in a real run. The prefill is left out (it is a model call);
-    plain decoding (draft None) has one step per token."""
+
+@on_one_thread
+def loop_overhead(pair, draft, gamma, prompt, n_tokens, seed, repeats=3, evict=True):
+    """(seconds per step outside model calls, steps): the run replayed with lookups for calls;
+    with evict (the default) each also reads as many floats as its model's weights, untimed, as
+    a real call streams its weights (`run_overhead` times a real run instead). Prefills are
+    left out; plain decoding (draft None) has one step per token."""
     twin = _replayed(pair, draft, evict)
     run = twin.run(prompt, n_tokens, gamma, np.random.default_rng(seed), draft)
     models = [twin.target] + ([twin.drafts[draft]] if draft else [])
@@ -684,7 +683,7 @@ def predict_and_race(
             )
         for k in (k for k, at in enumerate(o_at) if at == p):
             for s, o in each_o.items():
-                o.append(loop_overhead(pair, *s, starts[k], n_tokens, seed)[0])
+                o.append(run_overhead(pair, *s, starts[k], n_tokens, seed)[0])
 
     alpha = sampled_alpha(pair, drafts, np.stack(starts), n_tokens, seed + 1)
     untimed = untimed_tokens_per_call(pair, settings, np.stack(starts), n_tokens, seed + 2)

@@ -234,6 +234,23 @@ def test_miss_parts_put_a_slow_draft_call_in_the_draft_calls_and_a_slow_loop_in_
     assert abs(looped["draft calls"] - base["draft calls"]) < 0.3 * burnt_l
 
 
+def test_run_overhead_counts_the_loops_time_and_not_the_calls(twin):
+    """o from a real run: 2 ms burnt in every verify call of the loop must raise it by about
+    2 ms a step; the control burns 2 ms inside every draft call, which o must leave out. A
+    run's o varies by well under 0.5 ms a step here (the noise of `_parts` above), so the
+    thresholds sit at 0.7 and 0.3 of the 2 ms."""
+    prompt, draft = twin.encode(twin.heldout_text[300:316]), "draft1-2000"
+    base, steps = race.run_overhead(twin, draft, 3, prompt, 24, seed=2)
+    slow_loop = copy.copy(twin)
+    slow_loop._verify = lambda *args: (_burn(2e-3), twin._verify(*args))[1]
+    looped, same = race.run_overhead(slow_loop, draft, 3, prompt, 24, seed=2)
+    slow_draft = race._with_models(twin, twin.target, {draft: _SlowCalls(twin.drafts[draft])})
+    drafted = race.run_overhead(slow_draft, draft, 3, prompt, 24, seed=2)[0]
+    assert same == steps and 24 / 4 <= steps <= 24  # the seed fixes the run
+    assert looped - base > 0.7 * 2e-3
+    assert abs(drafted - base) < 0.3 * 2e-3  # the control: time inside a call is not o
+
+
 def test_predict_is_theorem_3_8_when_calls_are_all_that_costs():
     """With v = 1, no overhead, no prefill and Equation 1's tokens per call, the prediction is
     Theorem 3.8 exactly."""
@@ -305,15 +322,16 @@ def test_predict_and_race_fills_its_table_without_using_the_race(twin, monkeypat
         return wrapper
 
     monkeypatch.setattr(race, "call_costs", logged(race.call_costs, "c"))
-    monkeypatch.setattr(race, "loop_overhead", logged(race.loop_overhead, "o"))
+    monkeypatch.setattr(race, "run_overhead", logged(race.run_overhead, "o"))
     monkeypatch.setattr(race, "_timed", logged(race._timed, "r"))
     result = race.predict_and_race(
         twin, ["bigram"], [2], n_tokens=8, n_prompts=2, repeats=2, alpha_rows=4
     )
     # three measurements of each over two prompts: two before the first, one before the second
-    # (o for plain decoding and the setting); each prompt's runs are plain, setting, plain for
-    # each of 2 repeats; then the fresh race
-    assert "".join(order) == "cc" + "oooo" + "r" * 6 + "c" + "oo" + "r" * 6 + "r" * 12
+    # (o for plain decoding and the setting, each a clocked run: "or"); each prompt's runs are
+    # plain, setting, plain for each of 2 repeats; then the fresh race
+    o = "or"
+    assert "".join(order) == "cc" + o * 4 + "r" * 6 + "c" + o * 2 + "r" * 6 + "r" * 12
     assert len(result.t1_each) == 3
     (row,) = result.table.itertuples()
     above = result.table["above cap"].iloc[0]  # measured above its costs' cap: left whole
