@@ -9,16 +9,17 @@
    replays a run with a lookup for each call (`Replay`), for comparison; `method_floor` times
    the part of o no leaner loop removes: `verify`, the target's laws and the draft's draws.
 3. `sampled_alpha`: α as the mean of β = Σ min(p, q) along the target's own samples (the
-   contexts decoding meets), with its standard error.
+   contexts decoding meets); `untimed_tokens_per_call`, tokens per target call in untimed runs
+   from α's prompts. Each with its standard error.
 
 1 and 2 are timed between the race's prompts, so that they meet the machine in its minutes.
 
 Every time is the timing thread's CPU time (`roofs.thread_seconds`), with one BLAS thread and
 ONNX Runtime on one intra-op thread: the work a call does runs on that thread.
 
-`predict` combines them with the expected steps of a run of N tokens under Equation 1's model,
-the last step's overshoot counted (`expected_steps`), and `prediction_band` gives its spread,
-which comes from the costs', the loop overhead's (over prompts) and α's. `race` then times
+`predict` combines them into the time of a run of N tokens, in N / (tokens per call) steps
+(Equation 1's i.i.d. chain, `expected_steps`, is the comparison), and `prediction_band` gives
+its spread: the costs', the loop overhead's (over prompts) and the tokens'. `race` then times
 plain and speculative decoding (plain, setting, plain, ...), every model call clocked, so that
 `miss_parts` can say where each prediction misses; `summarise` gives each setting's
 speedup with a t-interval over prompts (`prompt_interval`), cut at the most the costs allow
@@ -342,14 +343,16 @@ def sampled_alpha(pair, drafts, prompts, n_tokens, seed):
 
 
 def untimed_tokens_per_call(pair, settings, prompts, n_tokens, seed):
-    """{(draft, γ): tokens kept per target call (n_tokens per row over the row-calls, as the
-    race counts them)}, over untimed runs from prompts (B, T) that are not the race's: what
-    Equation 1 predicts from α when acceptance is i.i.d., less a run's last step's surplus."""
+    """{(draft, γ): (tokens, s.e.)}: tokens kept per target call (n_tokens per row over the
+    row-calls, as the race counts them) in untimed runs from prompts (B ≥ 2, T) that are not
+    the race's, with its standard error over rows (delta method). Dependence between positions
+    is in it: Equation 1's i.i.d. chain at the sampled α leaves that out."""
     out = {}
     for k, (draft, gamma) in enumerate(settings):
         run = pair.run(prompts, n_tokens, gamma, np.random.default_rng([seed, k]), draft)
-        row_calls = int((run.accepted >= 0).sum())  # one per row and call
-        out[draft, gamma] = n_tokens * len(prompts) / row_calls  # tokens kept, as the race's
+        calls = (run.accepted >= 0).sum(axis=0)  # (B,): a row's target calls
+        mean, se = calls.mean(), calls.std(ddof=1) / np.sqrt(len(calls))
+        out[draft, gamma] = (float(n_tokens / mean), float(n_tokens * se / mean**2))
     return out
 
 
@@ -364,10 +367,7 @@ def predict(costs, o_plain, o_step, alpha, draft, gamma, n_tokens, tokens=None):
     where D(γ) is a step's γ draft calls as a step makes them (γ·c·T(1) where not measured).
     tokens, if given, replaces N / S(N): tokens per call measured apart from the race, or
     Equation 1's E (the infinite-N form)."""
-    if tokens is None:
-        steps = expected_steps(alpha, gamma, n_tokens)
-    else:
-        steps = n_tokens / tokens
+    steps = expected_steps(alpha, gamma, n_tokens) if tokens is None else n_tokens / tokens
     plain = costs.prefill["target"] + n_tokens * (costs.t1 + o_plain)
     step = costs.drafting(draft, gamma) + costs.target[gamma + 1] + o_step
     return plain / (costs.prefill["target"] + costs.prefill[draft] + steps * step)
@@ -384,14 +384,15 @@ SPEC_PARTS = ("steps", "draft calls", "target calls", "loop", "prefills")  # `mi
 MISS_PARTS = SPEC_PARTS + ("plain calls", "plain loop", "plain prefill")  # then plain's
 
 
-def miss_parts(runs, costs, o_plain, o_step, alpha, draft, gamma, n_tokens):
-    """Where `predict` misses one setting, measured in the race's own runs of it (rows of
-    `race`, means over runs): each part's excess over what the prediction charged for it, over
-    the predicted run, speculative or plain. So the speculative parts sum to its run's
-    measured/predicted − 1, the plain parts likewise, and (1 + plain) / (1 + speculative) is
-    the measured speedup (a ratio of mean times) over the predicted."""
+def miss_parts(runs, costs, o_plain, o_step, alpha, draft, gamma, n_tokens, tokens=None):
+    """Where `predict` (with the same arguments) misses one setting, measured in the race's own
+    runs of it (rows of `race`, means over runs): each part's excess over what the prediction
+    charged for it, over the predicted run, speculative or plain. So the speculative parts sum
+    to its run's measured/predicted − 1, the plain parts likewise, and (1 + plain) / (1 +
+    speculative) is the measured speedup (a ratio of mean times) over the predicted."""
     m = runs.drop(columns=["draft", "gamma"]).astype(float).mean()
-    steps, per_step = expected_steps(alpha, gamma, n_tokens), costs.target[gamma + 1]
+    steps = expected_steps(alpha, gamma, n_tokens) if tokens is None else n_tokens / tokens
+    per_step = costs.target[gamma + 1]
     drafting, prefill = costs.drafting(draft, gamma), costs.prefill["target"] + costs.prefill[draft]
     step = drafting + per_step + o_step
     spec = prefill + steps * step
@@ -666,6 +667,8 @@ def predict_and_race(
         _check_positive_count(gamma, "gamma", pair.context, "positions the models know")
     _check_positive_count(cost_measurements, "cost_measurements", 100, "timings of every call")
     _check_positive_count(overhead_prompts, "overhead_prompts", alpha_rows, "α's prompts")
+    if not isinstance(alpha_rows, int) or alpha_rows < 2:
+        raise ValueError(f"alpha_rows must be an int ≥ 2 (for a s.e.), got {alpha_rows!r}")
     settings = [(d, g) for d in drafts for g in gammas]
     prompts = prompts_from(pair, n_prompts, prompt_length, offset=1_000)
     fresh = prompts_from(pair, n_prompts, prompt_length, offset=36_000)  # past ch. 9's checks
@@ -696,19 +699,18 @@ def predict_and_race(
     chosen = (best.draft, int(best.gamma))
     fresh_rows = race(pair, [chosen], fresh, n_tokens, repeats, seed + 3)
     verdict = confirm(table, fresh_rows, caps[chosen])
-    calls = rows.groupby(["draft", "gamma"], sort=False).calls.agg(["sum", "size"])
+    raced_tokens = n_tokens / rows.groupby(["draft", "gamma"], sort=False).calls.mean()
     extra, raced = [], dict(list(rows.groupby(["draft", "gamma"], sort=False)))
     for draft, gamma in zip(table.draft, table.gamma):
-        a, se = alpha[draft]
-        o = overhead[draft, gamma]
+        a, (tokens, se), o = alpha[draft][0], untimed[draft, gamma], overhead[draft, gamma]
 
-        def forecast(measured, alpha_=a, tokens=None, draft=draft, gamma=gamma, o=o):
-            return predict(measured, o_plain, o, alpha_, draft, gamma, n_tokens, tokens)
+        def forecast(measured, tokens=tokens, draft=draft, gamma=gamma, o=o, a=a):
+            return predict(measured, o_plain, o, a, draft, gamma, n_tokens, tokens)
 
-        h = min(1e-4, a / 2, (1 - a) / 2)
-        slope = (forecast(costs, a + h) - forecast(costs, a - h)) / (2 * h)
+        h = 1e-4 * tokens
+        slope = (forecast(costs, tokens + h) - forecast(costs, tokens - h)) / (2 * h)
         by_prompt = [  # o's part: the costs at their mean, o and o_plain from prompt k
-            predict(costs, plain_k, o_k, a, draft, gamma, n_tokens)
+            predict(costs, plain_k, o_k, a, draft, gamma, n_tokens, tokens)
             for plain_k, o_k in zip(each_o[None, 1], each_o[draft, gamma])
         ]
         low, high = prediction_band([forecast(m) for m in each], slope, se, overheads=by_prompt)
@@ -727,16 +729,15 @@ def predict_and_race(
                 "predicted": forecast(costs),
                 "predicted from": low,
                 "predicted to": high,
+                "predicted, i.i.d.": forecast(costs, tokens=None),
                 "predicted, N/E": forecast(costs, tokens=float(expected_tokens(a, gamma))),
-                "tokens, untimed": untimed[draft, gamma],
+                "tokens, untimed": tokens,
+                "tokens, untimed s.e.": se,
                 # after the fact, not used by the prediction: what the race's own runs emitted
-                "tokens, raced": n_tokens
-                * calls.loc[(draft, gamma), "size"]
-                / calls.loc[(draft, gamma), "sum"],
-                "predicted, untimed tokens": forecast(costs, tokens=untimed[draft, gamma]),
+                "tokens, raced": float(raced_tokens[draft, gamma]),
                 "Theorem 3.8": walltime_speedup(a, gamma, costs.c(draft)),
             }
-            | miss_parts(raced[draft, gamma], costs, o_plain, o, a, draft, gamma, n_tokens)
+            | miss_parts(raced[draft, gamma], costs, o_plain, o, a, draft, gamma, n_tokens, tokens)
         )
     table = pd.concat([table, pd.DataFrame(extra)], axis=1)
     table["inside"] = table.predicted.between(table.low, table.high)

@@ -342,10 +342,19 @@ def test_predict_and_race_fills_its_table_without_using_the_race(twin, monkeypat
     assert set(result.fresh.prompt) == {0, 1} and 0 <= result.coverage <= 1
     assert "measured speedup" in race.verdict_line(result)
     assert result.table["o, s.d."].iloc[0] >= 0  # o timed on 3 of α's prompts, its spread
+    # the prediction takes tokens per call from untimed runs on α's prompts, the comparison
+    # Equation 1's i.i.d. chain at the sampled α; they differ (the control)
+    o, t = result.table.o.iloc[0] * result.costs.t1, result.table["tokens, untimed"].iloc[0]
+    at = (result.costs, result.o_plain, o, row._asdict()["α"], "bigram", 2, 8)
+    assert row.predicted == pytest.approx(race.predict(*at, tokens=t), rel=1e-9)
+    assert result.table["predicted, i.i.d."].iloc[0] == pytest.approx(race.predict(*at))
+    assert race.predict(*at) != pytest.approx(race.predict(*at, tokens=t), rel=1e-9)
     with pytest.raises(ValueError, match="too short"):
         race.prompts_from(twin, 10**6, 16)
     with pytest.raises(ValueError, match="overhead_prompts"):
         race.predict_and_race(twin, ["bigram"], [2], 8, alpha_rows=4, overhead_prompts=5)
+    with pytest.raises(ValueError, match="alpha_rows"):
+        race.predict_and_race(twin, ["bigram"], [2], 8, alpha_rows=1, overhead_prompts=1)
 
 
 def test_a_steps_draft_calls_replace_gamma_c_in_the_prediction_where_measured():
@@ -370,9 +379,27 @@ def test_untimed_tokens_per_call_follow_the_drafts_alpha(pair):
     prompts = np.stack(race.prompts_from(pair, 16, 16, offset=60_000, spacing=1_500))
     settings = [("unigram", 4), ("bigram", 4), ("draft1-2000", 4)]
     got = race.untimed_tokens_per_call(pair, settings, prompts, 32, seed=0)
-    values = [got[s] for s in settings]
+    values = [got[s][0] for s in settings]
     assert all(1 <= v <= 5 for v in values)
     assert values == sorted(values) and values[2] - values[0] > 1  # the control: α orders them
+
+
+def test_untimed_tokens_per_calls_standard_error_is_their_spread_over_seeds(pair):
+    """One prompt in every row makes the rows i.i.d.: over 30 seeds, the spread of the untimed
+    tokens per call (12 rows of 32 tokens, bigram at γ = 3) matches the mean reported s.e. An
+    s.d. from 30 values has a relative s.e. of 1/sqrt(58) = 0.13, so the ratio must lie in
+    [0.6, 1.5] (beyond 3 of those). The control, the s.e. of one row (forgetting the 1/sqrt(B)),
+    is 3.5 times too wide and fails the same check."""
+    prompts = np.stack([pair.encode(pair.heldout_text[300:316])] * 12)
+    got = [race.untimed_tokens_per_call(pair, [("bigram", 3)], prompts, 32, s)["bigram", 3]
+           for s in range(30)]  # fmt: skip
+    tokens, se = np.array(got).T
+    assert 1 < tokens.mean() < 4
+
+    def matches(reported):
+        return 0.6 <= tokens.std(ddof=1) / reported.mean() <= 1.5
+
+    assert matches(se) and not matches(se * np.sqrt(12))
 
 
 def uniforms_drawn(work, rng):
