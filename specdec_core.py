@@ -1,9 +1,8 @@
 """Exact by Construction: the book's front door. Every chapter runs `import specdec_core as sc`.
 
-Speculative decoding after Leviathan, Kalman & Matias (2023) and Chen et al. (2023), in
-Leviathan's letters: p is the target model, q the draft. The toy target is a Laplace-smoothed
-character bigram over an 80-character corpus; the draft mixes it with a unigram,
-q_w = w·p + (1 − w)·q0.
+Speculative decoding after Leviathan, Kalman & Matias (2023) and Chen et al. (2023), in Leviathan's
+letters: p is the target, q the draft. The toy target is a Laplace-smoothed character bigram over
+an 80-character corpus; the draft mixes it with a unigram, q_w = w·p + (1 − w)·q0.
 
 The code lives in `specdec`, one module per idea in the book's order; each imports only modules
 above it in this list. This file gathers their public names: every name works as `sc.NAME`:
@@ -40,7 +39,8 @@ above it in this list. This file gathers their public names: every name works as
     pair         the trained pair: generation, checks, plots                  9
     exactness    `generation_test`, exactness through the real models         9
     intervals    the race's statistics: finite-N steps, intervals, coverage  9
-    race         costs apart, the prediction, the race, the roofline          9
+    race         costs apart, the prediction, the race                        9
+    roofline     every model's call on this machine's roofs, and an H100's    9
     figures      the book's style, every plot, `FIGURES`                      all
 
 Each algorithm appears twice, literal as in the paper and vectorised in numpy for the Monte

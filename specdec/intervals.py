@@ -8,7 +8,8 @@
   that cover less than they claim, kept as controls.
 - `variance_components` and `coverage`: a race's noise between prompts and between repeats,
   and how often an interval covers a known speedup in synthetic races with that noise.
-- `prediction_band`: a prediction's spread from the costs', the loop overhead's and α's.
+- `prediction_band`: a prediction's spread from the costs', the loop overhead's and the
+  tokens per call's (or α's).
 - `summarise` and `confirm`: a race's table of intervals, and its best setting measured again on
   fresh prompts; `plot_prediction`, measured against predicted.
 """
@@ -56,10 +57,11 @@ def finite_tokens_per_call(alpha, gamma, n_tokens):
 
 def prediction_band(predictions, slope, se, level=0.95, overheads=()):
     """(low, high): a normal band around the mean of predictions, each made from one of several
-    independent measurements of the costs. The delta method adds α's part, (slope · s.e.)² with
-    slope = ∂ prediction / ∂α, to the costs' part, the variance of the predictions' mean; and,
-    given overheads (predictions each made with the loop's overhead measured on one prompt, the
-    costs held at their mean), the variance of their mean, which is o's part."""
+    independent measurements of the costs. The delta method adds the part of the tokens per
+    call (or of α), (slope · s.e.)² with slope = ∂ prediction / ∂ that, to the costs' part, the
+    variance of the predictions' mean; and, given overheads (predictions each made with the
+    loop's overhead measured on one prompt, the costs held at their mean), the variance of
+    their mean, which is o's part."""
     from scipy.stats import norm
 
     each = _as_real_array(predictions, "predictions")

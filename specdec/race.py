@@ -48,7 +48,7 @@ from .intervals import (
     summarise,
     variance_components,
 )
-from .roofs import matrix_weights, on_one_thread
+from .roofs import _position_costs, matrix_weights, on_one_thread
 from .roofs import thread_seconds as _seconds
 from .rule import EXACT_RULE
 from .runtime import RuntimeTransformer
@@ -85,27 +85,19 @@ class Costs(NamedTuple):
         return (self.in_step or {}).get((name, gamma), gamma * self.draft[name])
 
 
-def _position_costs(model, ids, start, positions, repeats):
-    """{n: median seconds of forward on ids[start : start + n] after a cached ids[:start]}."""
-    model.reset(1, start + max(positions))
-    model.prefill(ids[None, :start])
-    times = {n: [] for n in positions}
-    for _ in range(repeats):
-        for n in positions:  # interleaved, so that drift touches every n alike
-            times[n].append(_seconds(model.forward, ids[None, start : start + n]))
-            model.rollback(np.array([start]))
-    return {n: float(np.median(t)) for n, t in times.items()}
-
-
-def _step_draft_costs(target, model, ids, start, gammas, repeats):
+def _step_draft_costs(target, model, ids, start, gammas, repeats, width=None):
     """{γ: median seconds of γ draft calls, one new id each after a cached ids[:start], made
-    right after a target call scoring γ + 1 positions: the caches as a step leaves them."""
-    for m in (target, model):
-        m.reset(1, start + max(gammas) + 1)
-        m.prefill(ids[None, :start])
-    back, times = np.array([start]), {g: [] for g in gammas}
+    right after a target call scoring γ + 1 positions: the caches as a step leaves them, the
+    draft's width + γ slots wide, as a run's at γ (None: start + the largest γ + 1)."""
+    slots = {g: start + max(gammas) + 1 if width is None else width + g for g in gammas}
+    target.reset(1, max(slots.values()))
+    target.prefill(ids[None, :start])
+    back, times, current = np.array([start]), {g: [] for g in gammas}, None
     for _ in range(repeats):
         for g in gammas:
+            if slots[g] != current:
+                model.reset(1, current := slots[g])
+                model.prefill(ids[None, :start])
             target.forward(ids[None, start : start + g + 1])
             target.rollback(back)
             begin = time.thread_time()
@@ -116,25 +108,28 @@ def _step_draft_costs(target, model, ids, start, gammas, repeats):
     return {g: float(np.median(t)) for g, t in times.items()}
 
 
-def call_costs(pair, drafts, max_positions, contexts, prompt_length, repeats=15, gammas=()):
+def call_costs(
+    pair, drafts, max_positions, contexts, prompt_length, repeats=15, gammas=(), width=None
+):
     """Costs of the pair's calls at each context length in contexts (the race's), one BLAS
     thread; prefill of a prompt_length-token prompt; for each draft and each γ in gammas, a
-    step's γ draft calls after a target call."""
+    step's γ draft calls after a target call. width: a plain run's cache slots (prompt + N);
+    each call is timed in a cache as wide as a run's that makes it (`_position_costs`)."""
     _check_count(max_positions, "max_positions", pair.context)
     _check_count(repeats, "repeats")
     ids = pair.encode(pair.heldout_text[: pair.context])
     positions = list(range(1, max_positions + 1))
     with one_blas_thread():
-        target = [_position_costs(pair.target, ids, L, positions, repeats) for L in contexts]
+        target = [_position_costs(pair.target, ids, L, positions, repeats, width) for L in contexts]
         alone = {
-            n: [_position_costs(pair.drafts[n], ids, L, [1], repeats)[1] for L in contexts]
+            n: [_position_costs(pair.drafts[n], ids, L, [1], repeats, width)[1] for L in contexts]
             for n in drafts
         }
         draft = {n: float(np.mean(t)) for n, t in alone.items()}
         in_step = {}
         for name in drafts if gammas else ():
             at = [
-                _step_draft_costs(pair.target, pair.drafts[name], ids, L, gammas, repeats)
+                _step_draft_costs(pair.target, pair.drafts[name], ids, L, gammas, repeats, width)
                 for L in contexts
             ]
             in_step |= {(name, g): float(np.mean([t[g] for t in at])) for g in gammas}
@@ -142,7 +137,7 @@ def call_costs(pair, drafts, max_positions, contexts, prompt_length, repeats=15,
         for name, model in [("target", pair.target)] + [(n, pair.drafts[n]) for n in drafts]:
             times = []
             for _ in range(repeats):
-                model.reset(1, pair.context)
+                model.reset(1, width or pair.context)
                 times.append(_seconds(model.prefill, ids[None, : prompt_length - 1]))
             prefill[name] = float(np.median(times))
     target = {n: float(np.mean([t[n] for t in target])) for n in positions}
@@ -480,124 +475,7 @@ def race(pair, settings, prompts, n_tokens, repeats, seed=9, between=None):
     return pd.DataFrame(rows)
 
 
-# ---- 6. One explanation: the roofline ---------------------------------------------------------
-
-# A data-centre GPU's published rates, for the computed (never measured) panel: NVIDIA's H100
-# SXM datasheet gives 3.35 TB/s of HBM3 bandwidth and 1,979 TFLOP/s of BF16 tensor throughput
-# with sparsity, so about 989 TFLOP/s dense (https://www.nvidia.com/en-us/data-center/h100/).
-H100_BYTES_PER_S, H100_FLOPS, H100_BYTES_PER_WEIGHT = 3.35e12, 989e12, 2  # BF16 weights
-
-
-def roofline_points(models, positions=(1, 5), repeats=7, context=48):
-    """Rows {model, implementation, n, seconds, flops, bytes} of one call scoring n positions
-    after `context` cached ones, for each (model label, implementation label): model."""
-    ids = np.arange(context + max(positions)) % 7  # ids every model knows
-    rows = []
-    with one_blas_thread():
-        for (label, implementation), model in models.items():
-            times = _position_costs(model, ids, context, list(positions), repeats)
-            weights = matrix_weights(model.config)
-            for n in positions:
-                rows.append(
-                    {
-                        "model": label,
-                        "implementation": implementation,
-                        "n": n,
-                        "seconds": times[n],
-                        "flops": 2.0 * weights * n,
-                        "bytes": 4.0 * weights,
-                    }
-                )
-    return pd.DataFrame(rows)
-
-
-IMPLEMENTATIONS = {"numpy": "numpy", "runtime": "ONNX Runtime"}  # panel titles of the roofline
-
-
-def _roofs(ax, rates):
-    """This machine's three roofs on ax, each to its ridge: reads from L3 (dashed) and from
-    DRAM (solid), and the GEMM rate (dash-dot), in GFLOP/s against FLOP per byte."""
-    ridge = rates.gemm / np.array([rates.l3_read, rates.dram_read])  # FLOP per byte
-    for read, end, style in zip((rates.l3_read, rates.dram_read), ridge, ("--", "-")):
-        x = np.geomspace(0.01, end, 50)
-        ax.plot(x, read * x / 1e9, color="black", linestyle=style, linewidth=1.6)
-    ax.plot([ridge.min(), 1e3], [rates.gemm / 1e9] * 2, color="black", linestyle="-.")
-
-
-def plot_roofline(points, rates):
-    """Rooflines, one above the other: this machine's, measured, a panel for each
-    implementation (roofs from `rates`; each model its colour and marker from `pair.model_style`,
-    a line from n = 1 to n = 5 positions, models set a little apart sideways so that no two
-    markers overlap), then an H100's, computed from its datasheet for BF16 weights (no point on
-    it is a measurement). The legend sits above the panels, outside the data."""
-    from matplotlib.lines import Line2D
-
-    from .pair import model_style
-    from .style import OKABE_ITO, new_figure
-
-    kinds = list(dict.fromkeys(points.implementation))
-    fig, axes = new_figure(nrows=len(kinds) + 1, figsize=(6.4, 3.9 * len(kinds) + 5.2))
-    fig.set_layout_engine("constrained")
-    models = list(dict.fromkeys(points.model))
-    apart = 1.12 ** (np.arange(len(models)) - (len(models) - 1) / 2)  # sideways, ×1.12 apart
-    for ax, kind in zip(axes, kinds):
-        _roofs(ax, rates)
-        for model, shift in zip(models, apart):
-            rows = points[(points.model == model) & (points.implementation == kind)]
-            ax.plot(
-                rows.flops / rows.bytes * shift,
-                rows.flops / rows.seconds / 1e9,
-                linestyle=":",  # a model's two calls, joined: dotted, unlike every roof
-                linewidth=1.5,
-                markersize=10,
-                **model_style(model),
-            )
-        ax.set(
-            xscale="log",
-            yscale="log",
-            xlim=(0.3, 10),
-            ylim=(0.1, 3 * rates.gemm / 1e9),
-            ylabel="GFLOP/s, one thread",
-            title=f"{IMPLEMENTATIONS.get(kind, kind)}: this machine, measured",
-        )
-        ax.set_xticks([0.5, 1, 2.5, 5], ["0.5\nn = 1", "1", "2.5\nn = 5", "5"])
-        ax.set_xlabel("FLOP per byte of weights (n/2)")
-    handles = [
-        Line2D([], [], color="black", linestyle=style, label=label)
-        for style, label in [
-            ("--", f"L3 roof, {rates.l3_read / 1e9:.0f} GB/s"),
-            ("-", f"DRAM roof, {rates.dram_read / 1e9:.0f} GB/s"),
-            ("-.", f"GEMM roof, {rates.gemm / 1e9:.0f} GFLOP/s"),
-        ]
-    ] + [Line2D([], [], linestyle=":", markersize=10, label=m, **model_style(m)) for m in models]
-    fig.legend(handles=handles, loc="outside upper center", ncol=2)
-    bottom, ridge = axes[-1], H100_FLOPS / H100_BYTES_PER_S
-    x = np.logspace(-1, 3.5, 200)
-    bottom.plot(x, np.minimum(H100_FLOPS, H100_BYTES_PER_S * x) / 1e12, "k-")
-    for n in (1, 5, 64):
-        intensity = n * 2 / H100_BYTES_PER_WEIGHT
-        reached = min(H100_FLOPS, H100_BYTES_PER_S * intensity) / 1e12
-        bottom.plot(intensity, reached, "o", color=OKABE_ITO[0], markersize=9)
-        bottom.annotate(
-            f"n = {n}",
-            (intensity, reached),
-            textcoords="offset points",
-            xytext=(8, -16),
-            fontsize=13,
-        )
-    bottom.axvline(ridge, color="k", linestyle=":", linewidth=1)
-    bottom.set(
-        xscale="log",
-        yscale="log",
-        xlim=(0.5, 3000),
-        xlabel="FLOP per byte of weights (n, BF16)",
-        ylabel="TFLOP/s",
-    )
-    bottom.set_title(f"An H100, computed: ridge at n ≈ {ridge:.0f}")
-    return fig
-
-
-# ---- 7. Everything in order: measure apart, predict, then race ------------------------------
+# ---- 6. Everything in order: measure apart, predict, then race ------------------------------
 
 
 class Result(NamedTuple):
@@ -673,7 +551,8 @@ def predict_and_race(
     prompts = prompts_from(pair, n_prompts, prompt_length, offset=1_000)
     fresh = prompts_from(pair, n_prompts, prompt_length, offset=36_000)  # past ch. 9's checks
     contexts = [prompt_length + n_tokens * k // 4 for k in (1, 2, 3)]
-    timing = dict(repeats=max(15 // cost_measurements, 3), gammas=gammas)  # of each call
+    width = prompt_length + n_tokens  # a plain run's cache slots; γ more in a speculative one
+    timing = dict(repeats=max(15 // cost_measurements, 3), gammas=gammas, width=width)
     starts = alpha_prompts(pair, alpha_rows, prompt_length)
     each, each_o = [], {s: [] for s in [(None, 1)] + settings}  # o on α's first prompts
     costs_at = [i * n_prompts // cost_measurements for i in range(cost_measurements)]

@@ -329,7 +329,7 @@ def test_a_draft_keeps_its_colour_and_marker_in_every_chapter_9_figure():
     import matplotlib.colors as mcolors
     import pandas as pd
 
-    from specdec import intervals, race, roofs
+    from specdec import intervals, roofline, roofs
 
     rng = np.random.default_rng(0)
     hist = specdec.pair.plot_beta_histograms({n: rng.random(50) for n in ("bigram", "draft1-2000")})
@@ -350,10 +350,10 @@ def test_a_draft_keeps_its_colour_and_marker_in_every_chapter_9_figure():
             for n in (1, 5)
         ]
     )
-    roofline = race.plot_roofline(points, roofs.Machine(1e10, 1e10, 1e9, 2**25))
+    figure = roofline.plot_roofline(points, roofs.Machine(1e10, 1e10, 1e9, 2**25))
     lines = [  # the measured panels, numpy's then the runtime's
         line
-        for ax in roofline.axes[:2]
+        for ax in figure.axes[:2]
         for line in ax.get_lines()
         if line.get_marker() not in ("None", "")
     ]

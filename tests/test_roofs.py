@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from specdec import race, roofs
+from specdec import roofline, roofs
 from specdec.transformer import Config, one_blas_thread
 
 
@@ -39,7 +39,7 @@ def test_every_measured_call_lies_at_or_below_its_roofs(pair, twin, rates):
         ("small target", "runtime"): twin.target,
         ("draft1-2000", "runtime"): twin.drafts["draft1-2000"],
     }
-    points = race.roofline_points(models, positions=(1, 5), repeats=3)
+    points = roofline.roofline_points(models, positions=(1, 5), repeats=3)
     assert np.allclose(points.flops / points.bytes, points.n / 2)  # 2 FLOP, 4 bytes a weight
     assert roofs.above_roofs(points, rates).empty
     slow = rates._replace(l3_read=rates.l3_read / 1e4, dram_read=rates.dram_read / 1e4)
@@ -221,7 +221,7 @@ def test_the_roofline_legend_is_outside_the_data_and_no_markers_overlap(rates):
             for n, seconds in ((1, 1e-3), (5, 2e-3))
         ]
     )
-    fig = race.plot_roofline(points, rates)
+    fig = roofline.plot_roofline(points, rates)
     fig.set_dpi(342 / fig.get_figwidth())  # the figure as a phone shows it
     marker_px = 10 / 72 * fig.get_dpi()  # markersize 10 points
     centres = _marker_centres(fig)

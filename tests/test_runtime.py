@@ -177,6 +177,14 @@ def test_miss_parts_sum_to_the_measured_over_the_predicted(twin):
     calls = (rows["plain target s"].mean() - 24 * 1e-3) / plain_predicted
     assert parts["plain calls"] == pytest.approx(calls, rel=1e-12)
     assert (rows[["target s", "draft s", "prefill s"]].sum(axis=1) < rows.seconds).all()
+    # with tokens per call given (as the race's prediction has them), N / tokens steps
+    args = (COSTS, 1e-4, 3e-4, 0.8, "draft1-2000", 3, 24)
+    given = race.miss_parts(rows, *args, tokens=2.5)
+    spec = sum(given[k] for k in race.SPEC_PARTS)
+    plain = sum(given[k] for k in race.MISS_PARTS) - spec
+    ratio = measured / race.predict(*args, tokens=2.5)
+    assert (1 + plain) / (1 + spec) == pytest.approx(ratio, rel=1e-12)
+    assert ratio != pytest.approx(measured / predicted, rel=1e-3)  # the control: they differ
 
 
 def test_each_price_moves_only_its_own_part():
@@ -369,6 +377,26 @@ def test_a_steps_draft_calls_replace_gamma_c_in_the_prediction_where_measured():
     e = intervals.finite_tokens_per_call(0.7, 4, 100)  # what the prediction uses without tokens
     assert race.predict(base, 0.0, 0.0, 0.7, "d", 4, 100, tokens=e) == pytest.approx(warm)
     assert race.predict(base, 0.0, 0.0, 0.7, "d", 4, 100, tokens=e - 0.5) < warm
+
+
+def test_call_costs_time_each_call_in_a_cache_as_wide_as_a_runs(twin, monkeypatch):
+    """A runtime call's time grows with its cache's slots (paired, large target: 1.07× for
+    T(1) and 1.03× for T(5) at 86 slots against 55), so `call_costs` times a call scoring n
+    positions in prompt + N + n − 1 slots, as a run at γ = n − 1 makes it, and a draft's γ
+    calls in prompt + N + γ. The control: without width the slots are the context's."""
+    widths = []
+
+    def spy(model):
+        reset = model.reset
+        monkeypatch.setattr(model, "reset", lambda b, n: (widths.append(n), reset(b, n))[1])
+
+    for model in (twin.target, twin.drafts["draft1-2000"]):
+        spy(model)
+    race.call_costs(twin, ["draft1-2000"], 3, [20], 16, repeats=2, gammas=[2], width=40)
+    assert set(widths) == {40, 41, 42} | {40 + 2}  # T(1..3); the draft alone; its 2 in a step
+    widths.clear()
+    race.call_costs(twin, ["draft1-2000"], 3, [20], 16, repeats=2, gammas=[2])
+    assert 40 not in widths and 41 not in widths
 
 
 def test_untimed_tokens_per_call_follow_the_drafts_alpha(pair):
