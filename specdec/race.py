@@ -87,17 +87,14 @@ class Costs(NamedTuple):
 
 def _step_draft_costs(target, model, ids, start, gammas, repeats, width=None):
     """{γ: median seconds of γ draft calls, one new id each after a cached ids[:start], made
-    right after a target call scoring γ + 1 positions: the caches as a step leaves them, the
-    draft's width + γ slots wide, as a run's at γ (None: start + the largest γ + 1)."""
-    slots = {g: start + max(gammas) + 1 if width is None else width + g for g in gammas}
-    target.reset(1, max(slots.values()))
-    target.prefill(ids[None, :start])
-    back, times, current = np.array([start]), {g: [] for g in gammas}, None
+    right after a target call scoring γ + 1 positions: the caches as a step leaves them, width
+    slots wide (None: start + the largest γ + 1)."""
+    for m in (target, model):
+        m.reset(1, start + max(gammas) + 1 if width is None else width)
+        m.prefill(ids[None, :start])
+    back, times = np.array([start]), {g: [] for g in gammas}
     for _ in range(repeats):
         for g in gammas:
-            if slots[g] != current:
-                model.reset(1, current := slots[g])
-                model.prefill(ids[None, :start])
             target.forward(ids[None, start : start + g + 1])
             target.rollback(back)
             begin = time.thread_time()
@@ -113,8 +110,8 @@ def call_costs(
 ):
     """Costs of the pair's calls at each context length in contexts (the race's), one BLAS
     thread; prefill of a prompt_length-token prompt; for each draft and each γ in gammas, a
-    step's γ draft calls after a target call. width: a plain run's cache slots (prompt + N);
-    each call is timed in a cache as wide as a run's that makes it (`_position_costs`)."""
+    step's γ draft calls after a target call. width: the caches' slots, as wide as the race's
+    runs make them (prompt + N + the largest γ; a runtime call's time grows with them)."""
     _check_count(max_positions, "max_positions", pair.context)
     _check_count(repeats, "repeats")
     ids = pair.encode(pair.heldout_text[: pair.context])
@@ -142,6 +139,27 @@ def call_costs(
             prefill[name] = float(np.median(times))
     target = {n: float(np.mean([t[n] for t in target])) for n in positions}
     return Costs(target, draft, prefill, in_step)
+
+
+def slots_ratio(model, ids, start, slots, n=1, calls=60):
+    """Median over calls of a call's time in a cache of slots[1] slots over its time in one of
+    slots[0]: n new ids after a cached ids[:start], in two copies of model timed in turn, so
+    that drift touches both alike. What a wider cache costs a call (`call_costs` times each
+    call in a cache as wide as a run's)."""
+    _check_positive_count(calls, "calls", MAX_LOOP, "calls timed in a Python loop")
+    twins = [copy.copy(model) for _ in range(2)]  # one model and weights, two caches
+    for twin, width in zip(twins, slots, strict=True):
+        twin.reset(1, width)
+        twin.prefill(ids[None, :start])
+        twin.forward(ids[None, start : start + n])  # untimed: the cache's pages touched
+        twin.rollback(np.array([start]))
+    times, back = np.zeros((calls, 2)), np.array([start])
+    with one_blas_thread():
+        for k in range(calls):
+            for j, twin in enumerate(twins):
+                times[k, j] = _seconds(twin.forward, ids[None, start : start + n])
+                twin.rollback(back)
+    return float(np.median(times[:, 1] / times[:, 0]))
 
 
 # ---- 2. The loop's own time: model calls replaced by lookups -------------------------------
@@ -551,7 +569,7 @@ def predict_and_race(
     prompts = prompts_from(pair, n_prompts, prompt_length, offset=1_000)
     fresh = prompts_from(pair, n_prompts, prompt_length, offset=36_000)  # past ch. 9's checks
     contexts = [prompt_length + n_tokens * k // 4 for k in (1, 2, 3)]
-    width = prompt_length + n_tokens  # a plain run's cache slots; γ more in a speculative one
+    width = prompt_length + n_tokens + max(gammas)  # a run's cache slots at the largest γ
     timing = dict(repeats=max(15 // cost_measurements, 3), gammas=gammas, width=width)
     starts = alpha_prompts(pair, alpha_rows, prompt_length)
     each, each_o = [], {s: [] for s in [(None, 1)] + settings}  # o on α's first prompts

@@ -201,14 +201,12 @@ def quiet_agreement(clocks):
 
 def _position_costs(model, ids, start, positions, repeats, width=None):
     """{n: median seconds of forward on ids[start : start + n] after a cached ids[:start]}, in
-    a cache of width + n − 1 slots, a run's at γ = n − 1 (None: start + the largest n)."""
-    slots = {n: start + max(positions) if width is None else width + n - 1 for n in positions}
-    times, current = {n: [] for n in positions}, None
+    a cache of width slots (None: start + the largest n), one cache for every n."""
+    model.reset(1, start + max(positions) if width is None else width)
+    model.prefill(ids[None, :start])
+    times = {n: [] for n in positions}
     for _ in range(repeats):
         for n in positions:  # interleaved, so that drift touches every n alike
-            if slots[n] != current:  # a call's time grows with the cache's slots
-                model.reset(1, current := slots[n])
-                model.prefill(ids[None, :start])
             times[n].append(thread_seconds(model.forward, ids[None, start : start + n]))
             model.rollback(np.array([start]))
     return {n: float(np.median(t)) for n, t in times.items()}
