@@ -1,9 +1,10 @@
 """Chapter 9's race, predicted from what is measured apart from its runs:
 
-1. `call_costs`: isolated calls at the race's context lengths give T(1), the target's time for
-   one position; v(γ), its time for γ + 1 positions over T(1); c, a draft call over T(1); a
-   step's γ draft calls timed as a step makes them, right after a target call (which leaves
-   the draft's data out of the caches); and the prompt's prefill.
+1. `replayed_costs`: the model calls of untimed runs on α's prompts (`recorded_calls`), made
+   again back to back without the loop (`replay_calls`), give T(1), the target's time for one
+   position; v(γ), its time for γ + 1 positions over T(1); c, a draft call over T(1); a step's
+   γ draft calls as steps make them; and the prompt's prefill. The calls meet the contexts,
+   the cache widths and the order of a run's.
 2. `run_overhead`: a real run's thread time less its clocked model calls and prefills gives the
    time a step spends outside model calls, o, and a plain token's, o_plain. `loop_overhead`
    replays a run with a lookup for each call (`Replay`), for comparison; `method_floor` times
@@ -35,7 +36,7 @@ from typing import NamedTuple
 import numpy as np
 import pandas as pd
 
-from .checks import MAX_LOOP, _check_count, _check_memory, _check_positive_count, _check_rng
+from .checks import MAX_LOOP, _check_memory, _check_positive_count, _check_rng
 from .intervals import (
     Components,
     Verdict,
@@ -48,7 +49,7 @@ from .intervals import (
     summarise,
     variance_components,
 )
-from .roofs import _position_costs, matrix_weights, on_one_thread
+from .roofs import matrix_weights, on_one_thread
 from .roofs import thread_seconds as _seconds
 from .rule import EXACT_RULE
 from .runtime import RuntimeTransformer
@@ -60,12 +61,12 @@ from .verify import _sample_rows, _verify
 
 
 class Costs(NamedTuple):
-    """Median seconds of isolated calls, averaged over the race's context lengths."""
+    """Mean seconds of the model calls of untimed runs, made again without their loop."""
 
     target: dict  # {positions n: seconds of one target call scoring n positions}
-    draft: dict  # {draft name: seconds of one call scoring one position, after another}
+    draft: dict  # {draft name: seconds of one draft call}
     prefill: dict  # {"target" or draft name: seconds to cache the prompt}
-    in_step: dict | None = None  # {(draft, γ): seconds of γ draft calls after a target call}
+    in_step: dict | None = None  # {(draft, γ): seconds of a step's γ draft calls}
 
     @property
     def t1(self):
@@ -85,67 +86,78 @@ class Costs(NamedTuple):
         return (self.in_step or {}).get((name, gamma), gamma * self.draft[name])
 
 
-def _step_draft_costs(target, model, ids, start, gammas, repeats, width=None):
-    """{γ: median seconds of γ draft calls, one new id each after a cached ids[:start], made
-    right after a target call scoring γ + 1 positions: the caches as a step leaves them, width
-    slots wide (None: start + the largest γ + 1)."""
-    for m in (target, model):
-        m.reset(1, start + max(gammas) + 1 if width is None else width)
-        m.prefill(ids[None, :start])
-    back, times = np.array([start]), {g: [] for g in gammas}
-    for _ in range(repeats):
-        for g in gammas:
-            target.forward(ids[None, start : start + g + 1])
-            target.rollback(back)
-            begin = time.thread_time()
-            for i in range(g):
-                model.forward(ids[None, start + i : start + i + 1])
-            times[g].append(time.thread_time() - begin)
-            model.rollback(back)
-    return {g: float(np.median(t)) for g, t in times.items()}
+class _Recorded:
+    """A model whose calls on its cache are kept, in order, in a log it shares with the other
+    models of a run, as (model key, method, arguments): a run's calls, to make again."""
+
+    def __init__(self, model, key, log):
+        self.model, self.key, self.log = model, key, log
+
+    def __getattr__(self, name):
+        attr = getattr(self.model, name)
+        if name not in ("reset", "prefill", "forward", "rollback", "select"):
+            return attr
+
+        def logged(*args):
+            self.log.append((self.key, name, copy.deepcopy(args)))
+            return attr(*args)
+
+        return logged
 
 
-def call_costs(
-    pair, drafts, max_positions, contexts, prompt_length, repeats=15, gammas=(), width=None
-):
-    """Costs of the pair's calls at each context length in contexts (the race's), one BLAS
-    thread; prefill of a prompt_length-token prompt; for each draft and each γ in gammas, a
-    step's γ draft calls after a target call. width: the caches' slots, as wide as the race's
-    runs make them (prompt + N + the largest γ; a runtime call's time grows with them)."""
-    _check_count(max_positions, "max_positions", pair.context)
-    _check_count(repeats, "repeats")
-    ids = pair.encode(pair.heldout_text[: pair.context])
-    positions = list(range(1, max_positions + 1))
-    with one_blas_thread():
-        target = [_position_costs(pair.target, ids, L, positions, repeats, width) for L in contexts]
-        alone = {
-            n: [_position_costs(pair.drafts[n], ids, L, [1], repeats, width)[1] for L in contexts]
-            for n in drafts
-        }
-        draft = {n: float(np.mean(t)) for n, t in alone.items()}
-        in_step = {}
-        for name in drafts if gammas else ():
-            at = [
-                _step_draft_costs(pair.target, pair.drafts[name], ids, L, gammas, repeats, width)
-                for L in contexts
-            ]
-            in_step |= {(name, g): float(np.mean([t[g] for t in at])) for g in gammas}
-        prefill = {}
-        for name, model in [("target", pair.target)] + [(n, pair.drafts[n]) for n in drafts]:
-            times = []
-            for _ in range(repeats):
-                model.reset(1, width or pair.context)
-                times.append(_seconds(model.prefill, ids[None, : prompt_length - 1]))
-            prefill[name] = float(np.median(times))
-    target = {n: float(np.mean([t[n] for t in target])) for n in positions}
+def recorded_calls(pair, draft, gamma, prompt, n_tokens, seed):
+    """Every call an untimed run (plain when draft is None) makes to its models, in order:
+    [(model key, method, arguments)], the key "target" or the draft's name."""
+    log = []
+    drafts = {draft: _Recorded(pair.drafts[draft], draft, log)} if draft else {}
+    twin = _with_models(pair, _Recorded(pair.target, "target", log), drafts)
+    twin.run(prompt, n_tokens, gamma, np.random.default_rng(seed), draft)
+    return log
+
+
+@on_one_thread
+def replay_calls(pair, log):
+    """The calls of a log (`recorded_calls`) made again on pair's models, back to back, with no
+    loop between them: {key: (seconds of each forward call, seconds of the prefills)}."""
+    out = {}
+    for key, name, args in log:
+        model = pair.target if key == "target" else pair.drafts[key]
+        if name not in ("forward", "prefill"):
+            getattr(model, name)(*args)
+            continue
+        calls, prefill = out.get(key, ([], 0.0))
+        seconds = _seconds(getattr(model, name), *args)
+        out[key] = (calls + [seconds], prefill) if name == "forward" else (calls, prefill + seconds)
+    return out
+
+
+def replayed_costs(pair, logs):
+    """Costs from untimed runs' calls replayed (`replay_calls`), logs {(draft, γ): [log, ...]}
+    with (None, 1) for plain runs: T(n), the mean target call scoring n positions; c, the mean
+    draft call; a step's γ draft calls, the draft's seconds per target call; and the prefills."""
+    target, draft, prefill, in_step = {}, {}, {}, {}
+    for (name, gamma), runs in logs.items():
+        for log in runs:
+            got = replay_calls(pair, log)
+            calls, seconds = got["target"]
+            target.setdefault(1 if name is None else gamma + 1, []).extend(calls)
+            prefill.setdefault("target", []).append(seconds)
+            if name is not None:
+                drafted, seconds = got[name]
+                draft.setdefault(name, []).extend(drafted)
+                in_step.setdefault((name, gamma), []).append(sum(drafted) / len(calls))
+                prefill.setdefault(name, []).append(seconds)
+    target, draft, prefill, in_step = (
+        {k: float(np.mean(v)) for k, v in x.items()} for x in (target, draft, prefill, in_step)
+    )
     return Costs(target, draft, prefill, in_step)
 
 
 def slots_ratio(model, ids, start, slots, n=1, calls=60):
     """Median over calls of a call's time in a cache of slots[1] slots over its time in one of
     slots[0]: n new ids after a cached ids[:start], in two copies of model timed in turn, so
-    that drift touches both alike. What a wider cache costs a call (`call_costs` times each
-    call in a cache as wide as a run's)."""
+    that drift touches both alike: what a wider cache costs a call (so the costs are timed in
+    caches as wide as the race's, `replayed_costs`)."""
     _check_positive_count(calls, "calls", MAX_LOOP, "calls timed in a Python loop")
     twins = [copy.copy(model) for _ in range(2)]  # one model and weights, two caches
     for twin, width in zip(twins, slots, strict=True):
@@ -552,10 +564,11 @@ def predict_and_race(
     overhead_prompts=3,
     n_races=4000,
 ):
-    """Measure α apart from the race; race every (draft, γ) on n_prompts held-out prompts
-    (disjoint from α's), and between its prompts time the isolated costs (cost_measurements
-    times) and the loop's overhead (on overhead_prompts of α's prompts), so that they meet the
-    machine in the race's minutes; predict every setting from those (no time of a raced run);
+    """Measure α and tokens per call apart from the race; race every (draft, γ) on n_prompts
+    held-out prompts (disjoint from α's), and between its prompts time the calls' costs
+    (cost_measurements times, replaying untimed runs' calls) and the loop's overhead (on
+    overhead_prompts of α's prompts, as are those runs), so that they meet the machine in the
+    race's minutes; predict every setting from those (no time of a raced run);
     choose the best there and race it again on n_prompts others. Each interval's coverage is
     simulated for this design from the race's own noise."""
     start = time.perf_counter()
@@ -568,9 +581,6 @@ def predict_and_race(
     settings = [(d, g) for d in drafts for g in gammas]
     prompts = prompts_from(pair, n_prompts, prompt_length, offset=1_000)
     fresh = prompts_from(pair, n_prompts, prompt_length, offset=36_000)  # past ch. 9's checks
-    contexts = [prompt_length + n_tokens * k // 4 for k in (1, 2, 3)]
-    width = prompt_length + n_tokens + max(gammas)  # a run's cache slots at the largest γ
-    timing = dict(repeats=max(15 // cost_measurements, 3), gammas=gammas, width=width)
     starts = alpha_prompts(pair, alpha_rows, prompt_length)
     each, each_o = [], {s: [] for s in [(None, 1)] + settings}  # o on α's first prompts
     costs_at = [i * n_prompts // cost_measurements for i in range(cost_measurements)]
@@ -578,14 +588,16 @@ def predict_and_race(
 
     def beside(p):  # before the race's prompt p: the measurements spread evenly over prompts
         for _ in range(costs_at.count(p)):
-            each.append(
-                call_costs(pair, drafts, max(gammas) + 1, contexts, prompt_length, **timing)
-            )
+            each.append(replayed_costs(pair, logs))
         for k in (k for k, at in enumerate(o_at) if at == p):
             for s, o in each_o.items():
                 o.append(run_overhead(pair, *s, starts[k], n_tokens, seed)[0])
 
     alpha = sampled_alpha(pair, drafts, np.stack(starts), n_tokens, seed + 1)
+    logs = {  # the calls of untimed runs on o's prompts, each replayed for the costs
+        s: [recorded_calls(pair, *s, starts[k], n_tokens, [seed + 4, k]) for k in range(len(o_at))]
+        for s in each_o
+    }
     untimed = untimed_tokens_per_call(pair, settings, np.stack(starts), n_tokens, seed + 2)
     rows = race(pair, settings, prompts, n_tokens, repeats, seed, between=beside)
     costs, o_plain = _mean_costs(each), float(np.mean(each_o[None, 1]))

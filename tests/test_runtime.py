@@ -329,7 +329,7 @@ def test_predict_and_race_fills_its_table_without_using_the_race(twin, monkeypat
 
         return wrapper
 
-    monkeypatch.setattr(race, "call_costs", logged(race.call_costs, "c"))
+    monkeypatch.setattr(race, "replayed_costs", logged(race.replayed_costs, "c"))
     monkeypatch.setattr(race, "run_overhead", logged(race.run_overhead, "o"))
     monkeypatch.setattr(race, "_timed", logged(race._timed, "r"))
     result = race.predict_and_race(
@@ -379,23 +379,54 @@ def test_a_steps_draft_calls_replace_gamma_c_in_the_prediction_where_measured():
     assert race.predict(base, 0.0, 0.0, 0.7, "d", 4, 100, tokens=e - 0.5) < warm
 
 
-def test_call_costs_time_every_call_in_a_cache_as_wide_as_the_races(twin, monkeypatch):
-    """A runtime call's time grows with its cache's slots (`slots_ratio`), so `call_costs`
-    times every call, and every prefill, in caches of width slots: those of the race's runs at
-    their largest γ. The control: without width the slots are the context's."""
-    widths = []
+def test_a_replay_makes_a_runs_calls_again_and_times_each(twin):
+    """The replay of an untimed run's calls makes the same calls in the same order: as many
+    target calls as the run's steps, each scoring γ + 1 positions, and γ draft calls a step,
+    each timed."""
+    prompt = twin.encode(twin.heldout_text[300:316])
+    log = race.recorded_calls(twin, "draft1-2000", 3, prompt, 24, seed=2)
+    run = twin.run(prompt, 24, 3, np.random.default_rng(2), "draft1-2000")
+    target = [args[0].shape[1] for key, name, args in log if (key, name) == ("target", "forward")]
+    assert target == [4] * run.calls  # the control: another seed's run has other steps
+    other = race.recorded_calls(twin, "draft1-2000", 3, prompt, 24, seed=3)
+    assert sum(1 for k, name, _ in other if (k, name) == ("target", "forward")) != run.calls
+    got = race.replay_calls(twin, log)
+    assert len(got["target"][0]) == run.calls and len(got["draft1-2000"][0]) == 3 * run.calls
+    assert got["target"][1] > 0 and all(t > 0 for t in got["target"][0])
 
-    def spy(model):
-        reset = model.reset
-        monkeypatch.setattr(model, "reset", lambda b, n: (widths.append(n), reset(b, n))[1])
 
-    for model in (twin.target, twin.drafts["draft1-2000"]):
-        spy(model)
-    race.call_costs(twin, ["draft1-2000"], 3, [20], 16, repeats=2, gammas=[2], width=40)
-    assert set(widths) == {40}
-    widths.clear()
-    race.call_costs(twin, ["draft1-2000"], 3, [20], 16, repeats=2, gammas=[2])
-    assert 40 not in widths and {23, 21} <= set(widths)  # 20 + 3 positions; 20 + 1 for one
+def test_replayed_costs_charge_a_slow_target_call_to_the_target(twin, monkeypatch):
+    """2 ms burnt inside every target call raises T(1) and T(4) by 2 ms (more than 1.5) and
+    leaves a draft call within 0.5 ms; burnt inside every draft call instead (the control), it
+    raises c and a step's draft calls and leaves T(n) within 0.5 ms. A call here takes under
+    1 ms, and its time moves by well under 0.5 ms between replays."""
+    prompt = twin.encode(twin.heldout_text[300:316])
+    logs = {s: [race.recorded_calls(twin, *s, prompt, 24, seed=2)]
+            for s in [(None, 1), ("draft1-2000", 3)]}  # fmt: skip
+    base = race.replayed_costs(twin, logs)
+    assert set(base.target) == {1, 4} and set(base.in_step) == {("draft1-2000", 3)}
+
+    def burning(model):
+        forward = model.forward
+
+        def slow(ids):
+            end = time.thread_time() + 2e-3
+            while time.thread_time() < end:
+                pass
+            return forward(ids)
+
+        return slow
+
+    for burnt in (twin.target, twin.drafts["draft1-2000"]):
+        with monkeypatch.context() as m:
+            m.setattr(burnt, "forward", burning(burnt))
+            slow = race.replayed_costs(twin, logs)
+        in_target = burnt is twin.target
+        for n in (1, 4):
+            assert (slow.target[n] - base.target[n] > 1.5e-3) == in_target
+            assert (abs(slow.target[n] - base.target[n]) < 5e-4) != in_target
+        rise = slow.draft["draft1-2000"] - base.draft["draft1-2000"]
+        assert (rise > 1.5e-3) != in_target and (abs(rise) < 5e-4) == in_target
 
 
 class _SlotsBurner:
