@@ -1,8 +1,9 @@
 """make race: chapter 9's race at full size, predicted from isolated costs timed beside it.
 
 For the small pair and then the bandwidth-bound target (4 × 512, past the L3), both through ONNX
-Runtime: every draft and γ, on held-out prompts with interleaved repeats, the costs timed six
-times between its prompts (so in the race's minutes, never inside its runs); the table of predicted
+Runtime: every draft and γ, on held-out prompts with interleaved repeats, the costs (untimed runs'
+calls, replayed without the loop) timed six times between its prompts (so in the race's minutes,
+never inside its runs), and tokens per call counted in untimed runs; the table of predicted
 speedups (with their 95 % band) and measured ones (with 95 % t-intervals over prompts, cut at the
 most the costs allow); the race's noise between prompts and between repeats, and the intervals'
 coverage simulated for this design from it; where each prediction misses, measured inside the
