@@ -11,7 +11,7 @@
    the part of o no leaner loop removes: `verify`, the target's laws and the draft's draws.
 3. `sampled_alpha`: α as the mean of β = Σ min(p, q) along the target's own samples (the
    contexts decoding meets); `untimed_tokens_per_call`, tokens per target call in untimed runs
-   from α's prompts. Each with its standard error.
+   on α's prompts. Each with its standard error.
 
 1 and 2 are timed between the race's prompts, so that they meet the machine in its minutes.
 
