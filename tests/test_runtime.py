@@ -115,7 +115,8 @@ def test_the_loop_runs_slower_after_a_call_that_evicts_the_caches(twin, monkeypa
     64 MiB, past this machine's 32 MiB L3; the control reads 1 KiB, which evicts nothing.
     Each o is the least of three medians: warm medians alone ranged 0.033–0.082 ms, reads of
     64 MiB 0.19–0.27 ms, with a second process on the other core too. The threshold, twice
-    the warm time, sits between the two."""
+    the warm time, sits between the two. The control must lie nearer the warm time than the
+    64 MiB one: under a full test run it once read 0.070 ms against a warm 0.033."""
     prompt = twin.encode(twin.heldout_text[300:316])
 
     def o(floats):
@@ -126,8 +127,9 @@ def test_the_loop_runs_slower_after_a_call_that_evicts_the_caches(twin, monkeypa
 
     warm = race.loop_overhead(twin, None, 1, prompt, 40, seed=2, repeats=5, evict=False)[0]
     warm = min(warm, o(0))  # no read at all
-    assert o(16 * 2**20) > 2 * warm  # 64 MiB a call
-    assert o(256) < 2 * warm  # the control: 1 KiB a call
+    evicted = o(16 * 2**20)  # 64 MiB a call
+    assert evicted > 2 * warm
+    assert o(256) < (warm + evicted) / 2  # the control: 1 KiB a call
 
 
 def _burn(seconds):
