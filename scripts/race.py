@@ -82,16 +82,27 @@ def main():
             f"{ceilings.floor.min():.2f}–{ceilings.floor.max():.2f} T(1) a step), the best "
             f"predicted: {best.ceiling:.2f} for {best.draft} at γ = {best.gamma} (computed)"
         )
+        chosen = (result.verdict.draft, result.verdict.gamma)
+        floors = race.method_floor(len(pair.vocab), chosen[1])
+        steps = race.ladder(result, *chosen, floors, args.tokens)
+        print(
+            f"{chosen[0]} at γ = {chosen[1]}, predicted as its costs are taken away one by one "
+            f"(computed, not raced):\n{steps.round(3).to_string()}"
+        )
         # the middle context's old cache (48 + the largest γ + 1 slots) against the race's
         ids, slots = (
             pair.encode(pair.heldout_text[:60]),
             (49 + max(gammas), 16 + args.tokens + max(gammas)),
         )
-        ratios = [race.slots_ratio(pair.target, ids, 48, slots, n, calls=300) for n in (1, 5)]
-        print(
-            f"a target call in a cache of {slots[1]} slots (the race's) over one in {slots[0]}: "
-            f"{ratios[0]:.3f} for T(1), {ratios[1]:.3f} for T(5) (medians of 300 paired calls)"
-        )
+        if slots[1] <= slots[0]:  # --tokens this short leaves the race's cache no wider
+            print(f"the race's cache ({slots[1]} slots) is no wider than {slots[0]}: not timed")
+        else:
+            ratios = [race.slots_ratio(pair.target, ids, 48, slots, n, calls=300) for n in (1, 5)]
+            print(
+                f"a target call in a cache of {slots[1]} slots (the race's) over one in "
+                f"{slots[0]}: {ratios[0]:.3f} for T(1), {ratios[1]:.3f} for T(5) (medians of "
+                "300 paired calls)"
+            )
         lines.append([f"{label}: {line}" for line in race.verdict_lines(result)])
     print(f"\nmake race took {time.perf_counter() - start:.0f} s")
     print(*lines[0], sep="\n")

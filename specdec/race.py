@@ -663,16 +663,16 @@ def predict_and_race(
 
 
 def method_ceilings(result, vocab, n_tokens, number=500, repeats=7):
-    """Each setting of result predicted again with the loop's own time o cut to `method_floor`:
-    the most a leaner loop could give, computed, not raced. A DataFrame of draft, gamma, the
-    floor a step and a plain token in units of T(1), and that prediction."""
+    """Each setting of result predicted again, with its own tokens per call τ, with the loop's
+    own time o cut to `method_floor`: the most a leaner loop could give, computed, not raced. A
+    DataFrame of draft, gamma, the floor a step and a plain token in units of T(1), and that
+    prediction."""
     if not isinstance(result, Result):
         raise TypeError(f"result must be a race.Result, got {type(result).__name__}")
     _check_positive_count(n_tokens, "n_tokens")
-    gammas = dict.fromkeys(result.table.gamma)
-    floors = {g: method_floor(vocab, g, number, repeats) for g in gammas}
+    floors = {g: method_floor(vocab, g, number, repeats) for g in dict.fromkeys(result.table.gamma)}
     t1, rows = result.costs.t1, []
-    for draft, gamma in zip(result.table.draft, result.table.gamma):
+    for draft, gamma, tokens in result.table[["draft", "gamma", "tokens, untimed"]].values:
         step, token = floors[gamma]
         a = result.alpha[draft][0]
         rows.append(
@@ -681,10 +681,49 @@ def method_ceilings(result, vocab, n_tokens, number=500, repeats=7):
                 "gamma": gamma,
                 "floor": step / t1,
                 "plain floor": token / t1,
-                "ceiling": predict(result.costs, token, step, a, draft, gamma, n_tokens),
+                "ceiling": predict(result.costs, token, step, a, draft, gamma, n_tokens, tokens),
             }
         )
     return pd.DataFrame(rows)
+
+
+LADDER = (  # `ladder`'s rows: each takes one more of the prediction's costs away
+    "predicted (measured costs, τ from untimed runs)",
+    "loop cut to the method's own work",
+    "no loop at all, o = 0",
+    "no prefills",
+    "target call flat, v(γ) = 1",
+    "draft calls γ·c, τ = E (Theorem 3.8)",
+)
+
+
+def ladder(result, draft, gamma, floors, n_tokens):
+    """One setting's prediction as its costs are taken away one by one, in `LADDER`'s order,
+    down to Theorem 3.8 (which the last row equals): what each cost takes from the speedup.
+    floors is `method_floor`'s (seconds a step, seconds a plain token) at this γ. A Series of
+    the predicted speedups, indexed by LADDER."""
+    if not isinstance(result, Result):
+        raise TypeError(f"result must be a race.Result, got {type(result).__name__}")
+    _check_positive_count(n_tokens, "n_tokens")
+    table = result.table
+    row = table[(table.draft == draft) & (table.gamma == gamma)]
+    if len(row) != 1:
+        raise ValueError(f"draft, gamma = {draft!r}, {gamma!r} is not a setting of result")
+    row, costs, a = row.iloc[0], result.costs, result.alpha[draft][0]
+    step_floor, token_floor = floors
+    o, tokens = row.o * costs.t1, row["tokens, untimed"]
+    no_prefill = costs._replace(prefill=dict.fromkeys(costs.prefill, 0.0))
+    flat = no_prefill._replace(target=no_prefill.target | {gamma + 1: costs.t1})
+    args = (a, draft, gamma, n_tokens)
+    speedups = [
+        predict(costs, result.o_plain, o, *args, tokens),
+        predict(costs, token_floor, step_floor, *args, tokens),
+        predict(costs, 0.0, 0.0, *args, tokens),
+        predict(no_prefill, 0.0, 0.0, *args, tokens),
+        predict(flat, 0.0, 0.0, *args, tokens),
+        predict(flat._replace(in_step=None), 0.0, 0.0, *args, float(expected_tokens(a, gamma))),
+    ]
+    return pd.Series(speedups, index=list(LADDER), name=f"{draft}, γ = {gamma}")
 
 
 def verdict_lines(result):

@@ -523,30 +523,67 @@ def test_method_work_refuses_bad_sizes_naming_them():
             race.method_floor(65, 2, **kwargs)
 
 
-def test_method_ceilings_predict_each_setting_with_its_own_alpha_and_the_floor(monkeypatch):
+def test_method_ceilings_predict_each_setting_with_its_own_tokens_and_the_floor(monkeypatch):
     """Each row is `predict` with o cut to its own γ's floor and o_plain to the plain floor, at
-    its own draft's α: a stub floor (no timing) makes each input visible, and swapping α, the
-    two floors, or one γ's floor for another's (the controls) changes the value."""
+    its own setting's τ from untimed runs: a stub floor (no timing) makes each input visible,
+    and the i.i.d. chain's τ, another setting's τ, the two floors swapped, or one γ's floor for
+    another's (the controls) each change the value."""
     monkeypatch.setattr(race, "method_floor", lambda vocab, g, number, repeats: (g * 1e-4, 1e-5))
     costs = race.Costs({1: 1e-3, 3: 1.1e-3, 5: 1.3e-3}, {"a": 1e-4, "b": 2e-4},
                        {"target": 0.0, "a": 0.0, "b": 0.0})  # fmt: skip
-    table = pd.DataFrame({"draft": ["a", "b"], "gamma": [2, 4]})
+    table = pd.DataFrame({"draft": ["a", "b"], "gamma": [2, 4], "tokens, untimed": [1.8, 2.9]})
     result = race.Result(table, None, costs, 0.0, {"a": (0.5, 0.0), "b": (0.8, 0.0)}, None, 0.0)
     got = race.method_ceilings(result, 65, 40)
     assert list(got.draft) == ["a", "b"] and list(got.gamma) == [2, 4]
     assert list(got.floor) == pytest.approx([0.2, 0.4]) and list(got["plain floor"]) == [0.01] * 2
     for row in got.to_dict("records"):
         d, g = row["draft"], row["gamma"]
-        alpha, other_alpha, other_g = result.alpha[d][0], {"a": 0.8, "b": 0.5}[d], 6 - g
-        right = race.predict(costs, 1e-5, g * 1e-4, alpha, d, g, 40)
+        tokens, other_tokens, other_g = {"a": 1.8, "b": 2.9}[d], {"a": 2.9, "b": 1.8}[d], 6 - g
+        right = race.predict(costs, 1e-5, g * 1e-4, 0.5, d, g, 40, tokens)
         assert row["ceiling"] == pytest.approx(right, rel=1e-12)
         for wrong in [
-            race.predict(costs, 1e-5, g * 1e-4, other_alpha, d, g, 40),
-            race.predict(costs, g * 1e-4, 1e-5, alpha, d, g, 40),
-            race.predict(costs, 1e-5, other_g * 1e-4, alpha, d, g, 40),
+            race.predict(costs, 1e-5, g * 1e-4, result.alpha[d][0], d, g, 40),  # i.i.d. τ
+            race.predict(costs, 1e-5, g * 1e-4, 0.5, d, g, 40, other_tokens),
+            race.predict(costs, g * 1e-4, 1e-5, 0.5, d, g, 40, tokens),
+            race.predict(costs, 1e-5, other_g * 1e-4, 0.5, d, g, 40, tokens),
         ]:
             assert row["ceiling"] != pytest.approx(wrong, rel=1e-3)
     with pytest.raises(TypeError, match="result"):
         race.method_ceilings(table, 65, 40)
     with pytest.raises(ValueError, match="n_tokens"):
         race.method_ceilings(result, 65, 0)
+
+
+def test_the_ladder_takes_the_costs_away_one_by_one_down_to_theorem_3_8():
+    """`ladder`'s rows, at made-up costs where every part weighs: the first is the setting's
+    prediction, each next one `predict` with one more cost gone, and the last Theorem 3.8 at the
+    mean draft call's c, to 12 digits. The controls: the floors passed in the wrong order, and a
+    ladder that stops short of τ = E, each miss their rows."""
+    costs = race.Costs({1: 1e-3, 4: 1.4e-3}, {"d": 1e-4}, {"target": 5e-3, "d": 1e-3},
+                       {("d", 3): 4e-4})  # fmt: skip
+    table = pd.DataFrame({"draft": ["d"], "gamma": [3], "o": [0.3], "tokens, untimed": [2.6]})
+    result = race.Result(table, None, costs, 2e-5, {"d": (0.8, 0.01)}, None, 0.0)
+    floors = (1e-4, 1e-5)
+    got = race.ladder(result, "d", 3, floors, 40)
+    assert list(got.index) == list(race.LADDER)
+    zero = costs._replace(prefill={"target": 0.0, "d": 0.0})
+    flat = zero._replace(target={1: 1e-3, 4: 1e-3})
+    want = [
+        race.predict(costs, 2e-5, 3e-4, 0.8, "d", 3, 40, 2.6),
+        race.predict(costs, 1e-5, 1e-4, 0.8, "d", 3, 40, 2.6),
+        race.predict(costs, 0, 0, 0.8, "d", 3, 40, 2.6),
+        race.predict(zero, 0, 0, 0.8, "d", 3, 40, 2.6),
+        race.predict(flat, 0, 0, 0.8, "d", 3, 40, 2.6),
+        sc.walltime_speedup(0.8, 3, 0.1),
+    ]
+    assert list(got) == pytest.approx(want, rel=1e-12)
+    assert len(set(np.round(want, 6))) == len(want)  # every cost moves the speedup here
+    swapped = race.ladder(result, "d", 3, floors[::-1], 40)
+    assert swapped.iloc[1] != pytest.approx(want[1], rel=1e-3)
+    assert got.iloc[4] != pytest.approx(want[5], rel=1e-3)  # v = 1 alone is not Theorem 3.8
+    with pytest.raises(TypeError, match="result"):
+        race.ladder(table, "d", 3, floors, 40)
+    with pytest.raises(ValueError, match="draft, gamma"):
+        race.ladder(result, "d", 4, floors, 40)
+    with pytest.raises(ValueError, match="n_tokens"):
+        race.ladder(result, "d", 3, floors, 0)
