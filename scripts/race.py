@@ -2,7 +2,7 @@
 
 For the small pair and then the bandwidth-bound target (4 × 512, past the L3), both through ONNX
 Runtime: every draft and γ, on held-out prompts with interleaved repeats, the costs (untimed runs'
-calls, replayed without the loop) timed six times between its prompts (so in the race's minutes,
+calls, replayed without the loop) timed before each of its prompts (so in the race's minutes,
 never inside its runs), and tokens per call counted in untimed runs; the table of predicted
 speedups (with their 95 % band) and measured ones (with 95 % t-intervals over prompts, cut at the
 most the costs allow); the race's noise between prompts and between repeats, and the intervals'
@@ -46,9 +46,11 @@ def main():
             args.tokens,
             n_prompts=args.prompts,
             repeats=args.repeats,
-            cost_measurements=6,
+            cost_measurements=args.prompts,  # before each prompt
         )
-        print(f"\n{label}: T(1) {result.costs.t1 * 1e3:.2f} ms, {result.seconds:.0f} s")
+        t1s = " ".join(f"{t * 1e3:.2f}" for t in result.t1_each)
+        print(f"\n{label}: T(1) {result.costs.t1 * 1e3:.2f} ms (each measurement: {t1s}), "
+              f"{result.seconds:.0f} s")  # fmt: skip
         columns = ["draft", "gamma", "α", "c", "v(γ)", "o", "E[tokens]", "tokens, finite N",
                    "tokens, untimed", "predicted", "predicted from", "predicted to",
                    "predicted, i.i.d.", "speedup",

@@ -109,8 +109,7 @@ def recorded_calls(pair, draft, gamma, prompt, n_tokens, seed):
     """Every call an untimed run (plain when draft is None) makes to its models, in order:
     [(model key, method, arguments)], the key "target" or the draft's name."""
     log = []
-    drafts = {draft: _Recorded(pair.drafts[draft], draft, log)} if draft else {}
-    twin = _with_models(pair, _Recorded(pair.target, "target", log), drafts)
+    twin = _wrapped(pair, draft, lambda model, key: _Recorded(model, key, log))
     twin.run(prompt, n_tokens, gamma, np.random.default_rng(seed), draft)
     return log
 
@@ -160,12 +159,12 @@ def slots_ratio(model, ids, start, slots, n=1, calls=60):
     caches as wide as the race's, `replayed_costs`)."""
     _check_positive_count(calls, "calls", MAX_LOOP, "calls timed in a Python loop")
     twins = [copy.copy(model) for _ in range(2)]  # one model and weights, two caches
+    times, back = np.zeros((calls, 2)), np.array([start])
     for twin, width in zip(twins, slots, strict=True):
         twin.reset(1, width)
         twin.prefill(ids[None, :start])
         twin.forward(ids[None, start : start + n])  # untimed: the cache's pages touched
-        twin.rollback(np.array([start]))
-    times, back = np.zeros((calls, 2)), np.array([start])
+        twin.rollback(back)
     with one_blas_thread():
         for k in range(calls):
             for j, twin in enumerate(twins):
@@ -257,18 +256,23 @@ def on_runtime(pair):
     return _with_models(pair, RuntimeTransformer.twin(pair.target), drafts)
 
 
+def _wrapped(pair, draft, wrap):
+    """A copy of pair whose target, and draft unless it is None, are wrap(model, key) of the
+    real ones, key "target" or the draft's name: the one draft a run uses."""
+    drafts = {} if draft is None else {draft: wrap(pair.drafts[draft], draft)}
+    return _with_models(pair, wrap(pair.target, "target"), drafts)
+
+
 def _replayed(pair, draft, evict=False):
     """A copy of pair whose target (and draft) are Replay wrappers of the real ones."""
-    drafts = {} if draft is None else {draft: Replay(pair.drafts[draft], evict)}
-    return _with_models(pair, Replay(pair.target, evict), drafts)
+    return _wrapped(pair, draft, lambda model, key: Replay(model, evict))
 
 
 @on_one_thread
 def run_overhead(pair, draft, gamma, prompt, n_tokens, seed):
     """(seconds per step outside model calls, steps) of one real run: its thread time less its
     clocked model calls and prefills (`_Clocked`), as the race's rows split theirs."""
-    drafts = {draft: _Clocked(pair.drafts[draft])} if draft else {}
-    twin = _with_models(pair, _Clocked(pair.target), drafts)
+    twin = _wrapped(pair, draft, lambda model, key: _Clocked(model))
     run, parts = _timed(twin, prompt, n_tokens, gamma, np.random.default_rng(seed), draft)
     calls = parts["target s"] + parts["draft s"] + parts["prefill s"]
     return (parts["seconds"] - calls) / run.calls, run.calls
@@ -566,11 +570,11 @@ def predict_and_race(
 ):
     """Measure α and tokens per call apart from the race; race every (draft, γ) on n_prompts
     held-out prompts (disjoint from α's), and between its prompts time the calls' costs
-    (cost_measurements times, replaying untimed runs' calls) and the loop's overhead (on
-    overhead_prompts of α's prompts, as are those runs), so that they meet the machine in the
-    race's minutes; predict every setting from those (no time of a raced run);
-    choose the best there and race it again on n_prompts others. Each interval's coverage is
-    simulated for this design from the race's own noise."""
+    (cost_measurements times, each replaying the calls of untimed runs on one of
+    overhead_prompts of α's prompts, in turn) and the loop's overhead (on those prompts), so
+    that they meet the machine in the race's minutes; predict every setting from those (no
+    time of a raced run); choose the best there and race it again on n_prompts others. Each
+    interval's coverage is simulated for this design from the race's own noise."""
     start = time.perf_counter()
     for gamma in gammas:
         _check_positive_count(gamma, "gamma", pair.context, "positions the models know")
@@ -587,8 +591,9 @@ def predict_and_race(
     o_at = [i * n_prompts // overhead_prompts for i in range(overhead_prompts)]  # α's prompt i
 
     def beside(p):  # before the race's prompt p: the measurements spread evenly over prompts
-        for _ in range(costs_at.count(p)):
-            each.append(replayed_costs(pair, logs))
+        for _ in range(costs_at.count(p)):  # one o prompt's runs a time, in turn
+            k = len(each) % len(o_at)
+            each.append(replayed_costs(pair, {s: [runs[k]] for s, runs in logs.items()}))
         for k in (k for k, at in enumerate(o_at) if at == p):
             for s, o in each_o.items():
                 o.append(run_overhead(pair, *s, starts[k], n_tokens, seed)[0])
