@@ -85,7 +85,8 @@ def main():
             f"predicted: {best.ceiling:.2f} for {best.draft} at γ = {best.gamma} (computed)"
         )
         chosen = (result.verdict.draft, result.verdict.gamma)
-        floors = race.method_floor(len(pair.vocab), chosen[1])
+        at = ceilings[(ceilings.draft == chosen[0]) & (ceilings.gamma == chosen[1])].iloc[0]
+        floors = (at.floor * result.costs.t1, at["plain floor"] * result.costs.t1)  # the same
         steps = race.ladder(result, *chosen, floors, args.tokens)
         print(
             f"{chosen[0]} at γ = {chosen[1]}, predicted as its costs are taken away one by one "
