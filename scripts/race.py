@@ -31,6 +31,7 @@ def main():
     parser.add_argument("--prompts", type=int, default=12, help="held-out prompts (and fresh)")
     parser.add_argument("--repeats", type=int, default=3, help="interleaved repeats per prompt")
     parser.add_argument("--gammas", default="1,2,3,4,6", help="draft lengths, comma-separated")
+    parser.add_argument("--alpha-rows", type=int, default=96, help="α's and τ's prompts")
     args = parser.parse_args()
     gammas = [int(g) for g in args.gammas.split(",")]
     start = time.perf_counter()
@@ -47,6 +48,7 @@ def main():
             n_prompts=args.prompts,
             repeats=args.repeats,
             cost_measurements=args.prompts,  # before each prompt
+            alpha_rows=args.alpha_rows,
         )
         t1s = " ".join(f"{t * 1e3:.2f}" for t in result.t1_each)
         print(f"\n{label}: T(1) {result.costs.t1 * 1e3:.2f} ms (each measurement: {t1s}), "

@@ -529,8 +529,13 @@ class Result(NamedTuple):
 
 
 def alpha_prompts(pair, n_prompts, length=16):
-    """α's prompts (and the untimed runs' and o's): held-out, past the race's and the fresh."""
-    return prompts_from(pair, n_prompts, length, offset=60_000, spacing=1_500)
+    """α's prompts (and the untimed runs' and o's): held-out, past the race's and the fresh,
+    1,500 characters apart, or closer where the held-out text has no room for so many (at
+    least 100 apart; the large pair's text holds 35 prompts at 1,500 and 516 at 100)."""
+    _check_positive_count(n_prompts, "n_prompts")
+    room = len(pair.heldout_text) - 60_000 - length
+    spacing = max(100, min(1_500, room // max(n_prompts - 1, 1)))
+    return prompts_from(pair, n_prompts, length, offset=60_000, spacing=spacing)
 
 
 def prompts_from(pair, n_prompts, length, offset=0, spacing=2_000):
