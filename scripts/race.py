@@ -19,10 +19,16 @@ import time
 import pandas as pd
 
 import specdec_core as sc
-from specdec import race
+from specdec import intervals, race
 from specdec.transformer import machine
 
 DRAFTS = ["unigram", "bigram", "draft1-500", "draft1-1000", "draft1-2000", "draft2-1000"]
+
+
+def band_ratio(table):
+    """Median over settings of the prediction's band width over the measured interval's."""
+    band = table["predicted to"] - table["predicted from"]
+    return float((band / (table.high - table.low)).median())
 
 
 def main():
@@ -71,6 +77,12 @@ def main():
             f"1's i.i.d. tokens per call at the sampled α (no dependence between positions): "
             f"{(table.speedup / iid).median():.3f}, inside the interval at "
             f"{int(iid.between(table.low, table.high).sum())} of {len(table)} settings"
+        )
+        expected = intervals.expected_inside(table, args.prompts)
+        print(
+            f"an unbiased prediction with this band would fall inside the interval at "
+            f"{expected:.1f} of {len(table)} settings on average (intervals.expected_inside); "
+            f"the band is {band_ratio(table):.2f} times the interval's width (median)"
         )
         print(
             "where the prediction misses, measured inside the race's runs: each part's time "

@@ -72,6 +72,29 @@ def prediction_band(predictions, slope, se, level=0.95, overheads=()):
     return float(each.mean()) - half, float(each.mean()) + half
 
 
+def expected_inside(table, n_prompts, level=0.95):
+    """How many of table's settings an unbiased prediction would fall inside the measured
+    interval, on average, given its own band: the sum over settings of 2F(q·s_m / √(s_m² +
+    s_p²)) − 1, where s_m is the measurement's standard error (from its t-interval over
+    n_prompts prompts, in logs, q its quantile and F the t law of its P − 1 degrees of freedom)
+    and s_p the prediction's (from its normal band, relative): the interval's level when s_p =
+    0. The two errors are taken as independent. A prediction less certain than the
+    measurement is inside less often than the interval's level, however right on average."""
+    from scipy.stats import norm, t
+
+    _check_positive_count(n_prompts, "n_prompts")
+    if n_prompts < 2:
+        raise ValueError(f"n_prompts must be at least 2 for a t-interval, got {n_prompts}")
+    missing = {"low", "high", "predicted", "predicted from", "predicted to"} - set(table)
+    if missing:
+        raise ValueError(f"table lacks the columns {sorted(missing)}")
+    q = float(t.ppf(0.5 + level / 2, n_prompts - 1))
+    s_m = np.log(table.high / table.low).to_numpy(float) / (2 * q)
+    band = (table["predicted to"] - table["predicted from"]) / table.predicted
+    s_p = band.to_numpy(float) / (2 * float(norm.ppf(0.5 + level / 2)))
+    return float((2 * t.cdf(q * s_m / np.hypot(s_m, s_p), n_prompts - 1) - 1).sum())
+
+
 # ---- 2. Intervals, and how often they cover ----------------------------------------------------
 
 
