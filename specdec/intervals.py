@@ -77,9 +77,13 @@ def expected_inside(table, n_prompts, level=0.95):
     interval, on average, given its own band: the sum over settings of 2F(q·s_m / √(s_m² +
     s_p²)) − 1, where s_m is the measurement's standard error (from its t-interval over
     n_prompts prompts, in logs, q its quantile and F the t law of its P − 1 degrees of freedom)
-    and s_p the prediction's (from its normal band, relative): the interval's level when s_p =
-    0. The two errors are taken as independent. A prediction less certain than the
-    measurement is inside less often than the interval's level, however right on average."""
+    and s_p the prediction's (from its normal band, relative). Any error of the prediction's
+    own makes it fall inside less often than the interval's level, even when it is right on
+    average; the wider its band against the interval, the less often.
+
+    Exact when the intervals are as wide as their true standard errors make them. Read off
+    measured intervals, whose widths are estimates, it runs low: in simulation, by up to about
+    2 % of the settings at 12 prompts and 7 % at 4 (a band up to twice the interval)."""
     from scipy.stats import norm, t
 
     _check_positive_count(n_prompts, "n_prompts")

@@ -697,21 +697,25 @@ def method_ceilings(result, vocab, n_tokens, number=500, repeats=7):
     return pd.DataFrame(rows)
 
 
-LADDER = (  # `ladder`'s rows: each takes one more of the prediction's costs away
+LADDER = (  # `ladder`'s rows: costs taken away, then Equation 1's c and τ put in
     "predicted (measured costs, τ from untimed runs)",
     "loop cut to the method's own work",
     "no loop at all, o = 0",
     "no prefills",
     "target call flat, v(γ) = 1",
-    "draft calls γ·c, τ = E (Theorem 3.8)",
+    "draft calls at the isolated c",
+    "τ = Equation 1's E (Theorem 3.8)",
 )
 
 
 def ladder(result, draft, gamma, floors, n_tokens):
-    """One setting's prediction as its costs are taken away one by one, in `LADDER`'s order,
-    down to Theorem 3.8 (which the last row equals): what each cost takes from the speedup.
-    floors is `method_floor`'s (seconds a step, seconds a plain token) at this γ. A Series of
-    the predicted speedups, indexed by LADDER."""
+    """One setting's prediction changed one step at a time, in `LADDER`'s order, down to
+    Theorem 3.8 (which the last row equals): the loop's own time cut to the method's work and
+    then to nothing, the prefills and v(γ)'s excess taken away, a step's draft calls charged at
+    γ times the isolated call, and τ replaced by Equation 1's E. The first four steps can only
+    raise a prediction whose o is above the floor and v(γ) above 1; the last two can move it
+    either way. floors is `method_floor`'s (seconds a step, seconds a plain token) at this γ.
+    A Series of the predicted speedups, indexed by LADDER."""
     if not isinstance(result, Result):
         raise TypeError(f"result must be a race.Result, got {type(result).__name__}")
     _check_positive_count(n_tokens, "n_tokens")
@@ -724,6 +728,7 @@ def ladder(result, draft, gamma, floors, n_tokens):
     o, tokens = row.o * costs.t1, row["tokens, untimed"]
     no_prefill = costs._replace(prefill=dict.fromkeys(costs.prefill, 0.0))
     flat = no_prefill._replace(target=no_prefill.target | {gamma + 1: costs.t1})
+    isolated = flat._replace(in_step=None)
     args = (a, draft, gamma, n_tokens)
     speedups = [
         predict(costs, result.o_plain, o, *args, tokens),
@@ -731,7 +736,8 @@ def ladder(result, draft, gamma, floors, n_tokens):
         predict(costs, 0.0, 0.0, *args, tokens),
         predict(no_prefill, 0.0, 0.0, *args, tokens),
         predict(flat, 0.0, 0.0, *args, tokens),
-        predict(flat._replace(in_step=None), 0.0, 0.0, *args, float(expected_tokens(a, gamma))),
+        predict(isolated, 0.0, 0.0, *args, tokens),
+        predict(isolated, 0.0, 0.0, *args, float(expected_tokens(a, gamma))),
     ]
     return pd.Series(speedups, index=list(LADDER), name=f"{draft}, γ = {gamma}")
 

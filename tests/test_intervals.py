@@ -240,35 +240,42 @@ def test_the_prediction_figure_labels_each_point_by_gamma():
     assert labels == ["γ = 2", "γ = 3", "γ = 4"]
 
 
-def _judged(s_m, s_p, n_prompts=12, races=4000, seed=5):
+def _judged(s_m, s_p, n_prompts=12, races=20_000, seed=5):
     """Simulated settings whose prompts' log speedups and prediction are off by normal errors
     of s.d. s_m·√P (so the mean's is s_m) and s_p, around a true speedup of 2: the table
-    `expected_inside` reads, and how many predictions fell inside their interval."""
+    `expected_inside` reads, with intervals as wide as the true s_m makes them, and how many
+    predictions fell inside their measured interval (whose width is estimated)."""
+    from scipy.stats import t
+
     rng = np.random.default_rng(seed)
     logs = np.log(2) + s_m * np.sqrt(n_prompts) * rng.normal(size=(races, n_prompts))
     _, low, high = intervals._t_interval(logs, 0.95, np.inf)
     predicted = 2 * np.exp(s_p * rng.normal(size=races))
+    inside = int(((predicted >= low) & (predicted <= high)).sum())
     half = 1.96 * s_p * predicted
-    table = pd.DataFrame({"low": low, "high": high, "predicted": predicted})
+    middle, width = logs.mean(axis=1), t.ppf(0.975, n_prompts - 1) * s_m
+    table = pd.DataFrame({"low": np.exp(middle - width), "high": np.exp(middle + width)})
+    table["predicted"] = predicted
     table["predicted from"], table["predicted to"] = predicted - half, predicted + half
-    return table, int(((predicted >= low) & (predicted <= high)).sum())
+    return table, inside
 
 
 @pytest.mark.parametrize("ratio", [0.0, 1.0, 1.5])
 def test_expected_inside_counts_what_an_unbiased_prediction_with_its_band_achieves(ratio):
-    """4,000 simulated settings, 12 prompts, the prediction's error s_p = ratio · s_m: the
-    expected count matches the count inside to within 3.5 % of the settings. The count's own
-    noise is at most √(4000 · 0.25) ≈ 32 (0.8 %); the formula is exact at s_p = 0 and, taking
-    each interval's estimated s.d. for the true one, 1.3-2.3 % low at ratios 0.5-3 (two seeds);
-    so 3.5 % is that and 1.5 s.e. The control: the level alone (s_p left out, the band made
-    zero), off by 20 % of the settings at 1.5."""
+    """20,000 simulated settings, 12 prompts, the prediction's error s_p = ratio · s_m: the
+    expected count matches the count inside to within 1 % of the settings. The count's noise is
+    at most √(20000 · 0.25) ≈ 71 (0.35 %), so 1 % is about 3 s.e.; the band's normal half-width
+    read back as s_p is exact. The control: the same formula with the normal law in place of
+    the t law (2Φ(·) − 1), off by 2.2 % of the settings at ratio 0 and 2.8 % at 1."""
+    from scipy.stats import norm, t
+
     table, inside = _judged(0.02, 0.02 * ratio)
-    assert abs(intervals.expected_inside(table, 12) - inside) < 0.035 * len(table)
-    if ratio == 1.5:
-        narrow = table.assign(
-            **{"predicted from": table.predicted, "predicted to": table.predicted}
-        )
-        assert abs(intervals.expected_inside(narrow, 12) - inside) > 0.035 * len(table)
+    n = len(table)
+    assert abs(intervals.expected_inside(table, 12) - inside) < 0.01 * n
+    if ratio < 1.5:
+        q = t.ppf(0.975, 11)
+        normal = n * (2 * norm.cdf(q / np.hypot(1, ratio)) - 1)
+        assert abs(normal - inside) > 0.01 * n
 
 
 def test_expected_inside_refuses_a_table_it_cannot_read():

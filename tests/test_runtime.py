@@ -554,9 +554,9 @@ def test_method_ceilings_predict_each_setting_with_its_own_tokens_and_the_floor(
         race.method_ceilings(result, 65, 0)
 
 
-def test_the_ladder_takes_the_costs_away_one_by_one_down_to_theorem_3_8():
+def test_the_ladder_changes_the_prediction_step_by_step_down_to_theorem_3_8():
     """`ladder`'s rows, at made-up costs where every part weighs: the first is the setting's
-    prediction, each next one `predict` with one more cost gone, and the last Theorem 3.8 at the
+    prediction, each next one `predict` with one more change, and the last Theorem 3.8 at the
     mean draft call's c, to 12 digits. The controls: the floors passed in the wrong order, and a
     ladder that stops short of τ = E, each miss their rows."""
     costs = race.Costs({1: 1e-3, 4: 1.4e-3}, {"d": 1e-4}, {"target": 5e-3, "d": 1e-3},
@@ -574,13 +574,14 @@ def test_the_ladder_takes_the_costs_away_one_by_one_down_to_theorem_3_8():
         race.predict(costs, 0, 0, 0.8, "d", 3, 40, 2.6),
         race.predict(zero, 0, 0, 0.8, "d", 3, 40, 2.6),
         race.predict(flat, 0, 0, 0.8, "d", 3, 40, 2.6),
+        race.predict(flat._replace(in_step=None), 0, 0, 0.8, "d", 3, 40, 2.6),
         sc.walltime_speedup(0.8, 3, 0.1),
     ]
     assert list(got) == pytest.approx(want, rel=1e-12)
     assert len(set(np.round(want, 6))) == len(want)  # every cost moves the speedup here
     swapped = race.ladder(result, "d", 3, floors[::-1], 40)
     assert swapped.iloc[1] != pytest.approx(want[1], rel=1e-3)
-    assert got.iloc[4] != pytest.approx(want[5], rel=1e-3)  # v = 1 alone is not Theorem 3.8
+    assert got.iloc[5] != pytest.approx(want[6], rel=1e-3)  # isolated c alone is not Thm 3.8
     with pytest.raises(TypeError, match="result"):
         race.ladder(table, "d", 3, floors, 40)
     with pytest.raises(ValueError, match="draft, gamma"):
