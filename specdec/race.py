@@ -675,8 +675,8 @@ def predict_and_race(
 def method_ceilings(result, vocab, n_tokens, number=500, repeats=7):
     """Each setting of result predicted again, with its own tokens per call τ, with the loop's
     own time o cut to `method_floor`: the most a leaner loop could give, computed, not raced. A
-    DataFrame of draft, gamma, the floor a step and a plain token in units of T(1), and that
-    prediction."""
+    DataFrame of draft, gamma, the floor a step and a plain token in units of T(1) and in
+    seconds ("floor s", "plain floor s"), and that prediction."""
     if not isinstance(result, Result):
         raise TypeError(f"result must be a race.Result, got {type(result).__name__}")
     _check_positive_count(n_tokens, "n_tokens")
@@ -691,6 +691,8 @@ def method_ceilings(result, vocab, n_tokens, number=500, repeats=7):
                 "gamma": gamma,
                 "floor": step / t1,
                 "plain floor": token / t1,
+                "floor s": step,
+                "plain floor s": token,
                 "ceiling": predict(result.costs, token, step, a, draft, gamma, n_tokens, tokens),
             }
         )
@@ -708,14 +710,15 @@ LADDER = (  # `ladder`'s rows: costs taken away, then Equation 1's c and τ put 
 )
 
 
-def ladder(result, draft, gamma, floors, n_tokens):
+def ladder(result, draft, gamma, ceilings, n_tokens):
     """One setting's prediction changed one step at a time, in `LADDER`'s order, down to
     Theorem 3.8 (which the last row equals): the loop's own time cut to the method's work and
     then to nothing, the prefills and v(γ)'s excess taken away, a step's draft calls charged at
     γ times the isolated call, and τ replaced by Equation 1's E. The first four steps can only
     raise a prediction whose o is above the floor and v(γ) above 1; the last two can move it
-    either way. floors is `method_floor`'s (seconds a step, seconds a plain token) at this γ.
-    A Series of the predicted speedups, indexed by LADDER."""
+    either way. The method's floors are read, in seconds, from ceilings (`method_ceilings`,
+    of any result with this vocabulary: the floor is the same work). A Series of the predicted
+    speedups, indexed by LADDER."""
     if not isinstance(result, Result):
         raise TypeError(f"result must be a race.Result, got {type(result).__name__}")
     _check_positive_count(n_tokens, "n_tokens")
@@ -723,8 +726,15 @@ def ladder(result, draft, gamma, floors, n_tokens):
     row = table[(table.draft == draft) & (table.gamma == gamma)]
     if len(row) != 1:
         raise ValueError(f"draft, gamma = {draft!r}, {gamma!r} is not a setting of result")
+    if not isinstance(ceilings, pd.DataFrame):
+        raise TypeError(
+            f"ceilings must be method_ceilings' DataFrame, got {type(ceilings).__name__}"
+        )
+    at = ceilings[(ceilings.draft == draft) & (ceilings.gamma == gamma)]
+    if len(at) != 1:
+        raise ValueError(f"ceilings has no row for draft, gamma = {draft!r}, {gamma!r}")
+    step_floor, token_floor = (float(at[k].iloc[0]) for k in ("floor s", "plain floor s"))
     row, costs, a = row.iloc[0], result.costs, result.alpha[draft][0]
-    step_floor, token_floor = floors
     o, tokens = row.o * costs.t1, row["tokens, untimed"]
     no_prefill = costs._replace(prefill=dict.fromkeys(costs.prefill, 0.0))
     flat = no_prefill._replace(target=no_prefill.target | {gamma + 1: costs.t1})

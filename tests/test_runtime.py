@@ -536,6 +536,7 @@ def test_method_ceilings_predict_each_setting_with_its_own_tokens_and_the_floor(
     got = race.method_ceilings(result, 65, 40)
     assert list(got.draft) == ["a", "b"] and list(got.gamma) == [2, 4]
     assert list(got.floor) == pytest.approx([0.2, 0.4]) and list(got["plain floor"]) == [0.01] * 2
+    assert list(got["floor s"]) == [2e-4, 4e-4] and list(got["plain floor s"]) == [1e-5] * 2
     for row in got.to_dict("records"):
         d, g = row["draft"], row["gamma"]
         tokens, other_tokens, other_g = {"a": 1.8, "b": 2.9}[d], {"a": 2.9, "b": 1.8}[d], 6 - g
@@ -557,13 +558,15 @@ def test_method_ceilings_predict_each_setting_with_its_own_tokens_and_the_floor(
 def test_the_ladder_changes_the_prediction_step_by_step_down_to_theorem_3_8():
     """`ladder`'s rows, at made-up costs where every part weighs: the first is the setting's
     prediction, each next one `predict` with one more change, and the last Theorem 3.8 at the
-    mean draft call's c, to 12 digits. The controls: the floors passed in the wrong order, and a
-    ladder that stops short of τ = E, each miss their rows."""
+    mean draft call's c, to 12 digits. The controls: the two floors swapped, and a ladder that
+    stops short of τ = E, each miss their rows."""
     costs = race.Costs({1: 1e-3, 4: 1.4e-3}, {"d": 1e-4}, {"target": 5e-3, "d": 1e-3},
                        {("d", 3): 4e-4})  # fmt: skip
     table = pd.DataFrame({"draft": ["d"], "gamma": [3], "o": [0.3], "tokens, untimed": [2.6]})
     result = race.Result(table, None, costs, 2e-5, {"d": (0.8, 0.01)}, None, 0.0)
-    floors = (1e-4, 1e-5)
+    floors = pd.DataFrame(
+        {"draft": ["d"], "gamma": [3], "floor s": [1e-4], "plain floor s": [1e-5]}
+    )
     got = race.ladder(result, "d", 3, floors, 40)
     assert list(got.index) == list(race.LADDER)
     zero = costs._replace(prefill={"target": 0.0, "d": 0.0})
@@ -579,7 +582,8 @@ def test_the_ladder_changes_the_prediction_step_by_step_down_to_theorem_3_8():
     ]
     assert list(got) == pytest.approx(want, rel=1e-12)
     assert len(set(np.round(want, 6))) == len(want)  # every cost moves the speedup here
-    swapped = race.ladder(result, "d", 3, floors[::-1], 40)
+    swapped = floors.rename(columns={"floor s": "plain floor s", "plain floor s": "floor s"})
+    swapped = race.ladder(result, "d", 3, swapped, 40)
     assert swapped.iloc[1] != pytest.approx(want[1], rel=1e-3)
     assert got.iloc[5] != pytest.approx(want[6], rel=1e-3)  # isolated c alone is not Thm 3.8
     with pytest.raises(TypeError, match="result"):
@@ -588,3 +592,7 @@ def test_the_ladder_changes_the_prediction_step_by_step_down_to_theorem_3_8():
         race.ladder(result, "d", 4, floors, 40)
     with pytest.raises(ValueError, match="n_tokens"):
         race.ladder(result, "d", 3, floors, 0)
+    with pytest.raises(TypeError, match="ceilings"):
+        race.ladder(result, "d", 3, (1e-4, 1e-5), 40)
+    with pytest.raises(ValueError, match="ceilings has no row"):
+        race.ladder(result, "d", 3, floors.assign(gamma=4), 40)
